@@ -188,6 +188,27 @@ impl Fabric {
         self.time_with(kind, bytes, p, Some((top_k, experts)))
     }
 
+    /// Bytes one call of collective `kind` of nccl-tests size `bytes` moves through each
+    /// GPU's NIC per direction, as [`Fabric::time`] and [`Fabric::time_routed`] split it:
+    /// none inside one domain; across domains a ring's bus bytes over the `local`
+    /// members of a domain whose NICs carry them side by side, or an all-to-all's share
+    /// bound for other domains. What shares a host link with the NIC
+    /// ([`crate::profile::GpuProfile::nic_shares_host_link`]) loses to it.
+    pub fn nic_bytes(&self, kind: OpKind, bytes: f64, p: Placement, routing: Option<(u32, u32)>) -> f64 {
+        let n = p.size.max(1);
+        let (local, inside) = self.members_per_domain(p);
+        if n <= 1 || bytes <= 0.0 || inside {
+            return 0.0;
+        }
+        match kind {
+            OpKind::AllToAll => match routing {
+                Some((k, e)) if k > 1 => bytes / f64::from(k) * domains_reached(n.div_ceil(local), k, e),
+                _ => bytes / f64::from(n) * f64::from(n - local),
+            },
+            _ => bytes * bus_factor(kind, n) / f64::from(local),
+        }
+    }
+
     fn time_with(&self, kind: OpKind, bytes: f64, p: Placement, routing: Option<(u32, u32)>) -> f64 {
         let n = p.size.max(1);
         if n <= 1 || bytes <= 0.0 {
@@ -285,6 +306,27 @@ mod tests {
         assert_eq!(bus_factor(OpKind::Send, 2), 1.0);
         // No ranks count as one: nothing crosses the bus, not a negative or infinite factor.
         assert_eq!(bus_factor(OpKind::AllReduce, 0), 0.0);
+    }
+
+    /// What crosses a GPU's NIC per direction for one call: nothing inside a domain; a
+    /// ring's bus bytes over the domain members whose NICs carry them side by side (dp 16
+    /// of tp 1 on 8-GPU domains: 8 a domain, (16−1)/16 of the bytes over 8; dp 16 of tp
+    /// 8: one a domain, all of them); an all-to-all's share bound for other domains (the
+    /// 8 of 16 peers outside, 8/16 of the bytes), which the time's far part moves.
+    #[test]
+    fn nic_bytes_are_a_gpus_share_of_the_scale_out_traffic() {
+        let f = h100();
+        let s = 1.6e9;
+        assert_eq!(f.nic_bytes(OpKind::AllGather, s, Placement { size: 8, stride: 1 }, None), 0.0);
+        assert_eq!(f.nic_bytes(OpKind::AllGather, s, Placement { size: 16, stride: 1 }, None), s * 15.0 / 16.0 / 8.0);
+        assert_eq!(f.nic_bytes(OpKind::ReduceScatter, s, Placement { size: 16, stride: 8 }, None), s * 15.0 / 16.0);
+        assert_eq!(f.nic_bytes(OpKind::AllReduce, s, Placement { size: 2, stride: 8 }, None), s);
+        let a2a = Placement { size: 16, stride: 1 };
+        assert_eq!(f.nic_bytes(OpKind::AllToAll, s, a2a, None), s / 2.0);
+        let (latency, near) = (4.0 * f.scale_out_latency_s, s / 16.0 * 7.0 / f.scale_up_bps);
+        let far = f.time(OpKind::AllToAll, s, a2a) - latency - near;
+        assert!((far * f.scale_out_a2a_bps / f.nic_bytes(OpKind::AllToAll, s, a2a, None) - 1.0).abs() < 1e-9, "the time's far part");
+        assert_eq!(f.nic_bytes(OpKind::AllGather, s, Placement { size: 1, stride: 8 }, None), 0.0);
     }
 
     #[test]

@@ -240,6 +240,14 @@ pub struct GpuProfile {
     /// unknown, and a layout that offloads is refused on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_memory_gib: Option<f64>,
+    /// Whether the GPU's NIC traffic (GPUDirect RDMA) crosses the same link as its host
+    /// traffic: on HGX/DGX boards each GPU reaches both its NIC and the CPU through one
+    /// PCIe x16 link to a switch it shares with the NIC, so activation offload's copies
+    /// and the scale-out collectives running beside them split `host_link_gbs` per
+    /// direction. False (absent) where the host link is a link of its own (NVLink-C2C
+    /// on Grace boards, whose NIC hangs off PCIe).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nic_shares_host_link: bool,
     pub peak_tflops: Peaks,
     /// Formats the chip runs but this profile gives no peak for, each with why (MI355X's
     /// MXFP8: no public figure for its rate): a refusal of one says the profile lacks the
@@ -345,6 +353,9 @@ impl GpuProfile {
                 Some(_) if why.trim().is_empty() => return Err(format!("unrated.{f}: say why the rate is left out")),
                 Some(_) => {}
             }
+        }
+        if self.nic_shares_host_link && self.host_link_gbs.is_none() {
+            return Err("nic_shares_host_link says the NIC's traffic crosses the host link, but host_link_gbs is absent: give host_link_gbs too, or drop nic_shares_host_link".into());
         }
         let given = optional.into_iter().filter_map(|(what, v, lo, hi)| v.map(|v| (what, v, lo, hi)));
         for (what, v, lo, hi) in ranged.into_iter().chain(given) {
@@ -1007,6 +1018,26 @@ bf16 = 500.0
         for (f, (peak, eff)) in GemmFormat::ALL.into_iter().zip([(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.4)]) {
             assert_eq!((peaks.get(f), e.get(f)), (Some(peak), eff), "{f}");
         }
+    }
+
+    /// The HGX/DGX boards reach their NICs and the host through one PCIe link a GPU
+    /// (`nic_shares_host_link`); Grace boards reach the host over NVLink-C2C, a link of its
+    /// own, and AMD's boards are not checked: neither says so. A profile that says so
+    /// without a host link is refused by name, and `--profile` sets it like any field.
+    #[test]
+    fn the_nic_shares_the_host_link_on_pcie_boards_only() {
+        let p = Profiles::builtin();
+        let shared: Vec<&str> = p.gpus.iter().filter(|g| g.nic_shares_host_link).map(|g| g.name.as_str()).collect();
+        assert_eq!(shared, ["A100-40GB", "A100-80GB", "H100", "H200", "H800", "H20", "B200", "B300"]);
+        let mut g = test_h100();
+        g.host_link_gbs = None;
+        let e = g.check().unwrap_err();
+        assert!(e.contains("nic_shares_host_link") && e.contains("host_link_gbs"), "{e}");
+        g.nic_shares_host_link = false;
+        assert_eq!(g.check(), Ok(()));
+        let over = Profiles::with_overrides("[[gpu]]\nname = \"H100\"\nnic_shares_host_link = false\n", "test.toml").unwrap();
+        assert!(!over.get("h100").unwrap().nic_shares_host_link);
+        assert!(Profiles::with_overrides("[[gpu]]\nname = \"H100\"\nnic_shares_host_link = 1\n", "test.toml").is_err());
     }
 
     /// One efficiency serves per-tensor FP8 and MXFP8 only where both run at one peak

@@ -626,6 +626,9 @@ struct LayerCost {
     exposed: [[f64; 3]; 4],
     /// Their collectives' seconds, forward and backward, hidden or not.
     comm: [f64; 3],
+    /// Bytes those collectives move through the GPU's NIC per direction: forward,
+    /// backward.
+    nic: [f64; 2],
     activations: [f64; 3],
     /// Per selective-recompute module: the forward it repeats, the bytes it frees.
     module_rc: [f64; Module::COUNT],
@@ -675,6 +678,7 @@ impl LayerCost {
             module_rc: t.module_fwd,
             module_freed: stored.freed,
             comm: [0, 1, 2].map(|i| t.comm_fwd[i] + t.comm_bwd[i]),
+            nic: [t.nic_fwd, t.nic_bwd],
             dense: part.dense_params,
             expert: part.expert_params,
             frozen: part.frozen_params,
@@ -762,6 +766,31 @@ struct Host {
     bps: f64,
     /// Host memory per GPU, GiB.
     capacity: f64,
+    /// Whether the NIC's traffic crosses the host link too
+    /// ([`crate::profile::GpuProfile::nic_shares_host_link`]).
+    shared: bool,
+}
+
+/// The link an offloading schedule's copies cross and what else crosses it.
+#[derive(Clone, Copy, Debug, Default)]
+struct OffloadLink {
+    /// Achieved host-link bytes/s per direction (0 without offload).
+    bps: f64,
+    /// Whether the layers' scale-out traffic shares it.
+    shared: bool,
+    /// FSDP's groups (dense, routed-expert) and gradient bytes per element, where FSDP
+    /// gathers and reduce-scatters each layer's weights beside its compute.
+    fsdp: Option<(Placement, Placement, f64)>,
+}
+
+/// Seconds one direction of an offloaded layer's copy (`copy` bytes) adds to a window
+/// of `compute` seconds when `nic` bytes of scale-out traffic cross the same link
+/// (`bps` per direction) in that window: the link carries both, so the window lasts
+/// (copy + nic) / bps at the least; it would have lasted the compute, or the NIC's own
+/// time on the link, anyway (what the NIC's traffic leaves exposed is priced with its
+/// collectives). With no NIC traffic on the link, the copy's time past the compute.
+fn exposed_copy(copy: f64, nic: f64, bps: f64, compute: f64) -> f64 {
+    ((copy + nic) / bps - compute.max(nic / bps)).max(0.0)
 }
 
 /// A schedule checked against a sharding and its stages added up ([`Costed::evaluate`]'s
@@ -792,9 +821,9 @@ struct Staged {
     stage_gpus: u64,
     expert_ranks: u64,
     muon: bool,
-    /// The chunks' first layers, and the host link's bytes/s (0 without offload).
+    /// The chunks' first layers, and the link offloaded activations cross.
     starts: ChunkStarts,
-    host_bps: f64,
+    link: OffloadLink,
     /// Whether the stages hold their times and breakdown (else their memory alone).
     time: bool,
 }
@@ -1145,7 +1174,7 @@ impl Costed {
             tied: template.post.tied_params,
             tied_frozen: template.post.tied_frozen_params,
             stage_message_bytes: template.stage_message_bytes,
-            host: gpu.host_link_gbs.zip(gpu.host_memory_gib).map(|(gbs, gib)| Host { bps: gbs * 1e9 * HOST_LINK_EFFICIENCY, capacity: gib }),
+            host: gpu.host_link_gbs.zip(gpu.host_memory_gib).map(|(gbs, gib)| Host { bps: gbs * 1e9 * HOST_LINK_EFFICIENCY, capacity: gib, shared: gpu.nic_shares_host_link }),
             rates,
             capacity: gpu.memory_gib,
             reserved: gpu.efficiency.reserved_gib,
@@ -1346,18 +1375,30 @@ impl Costed {
                 "Muon runs under Megatron's layer-wise distributed optimizer (whole weights per data-parallel rank), not FSDP".into(),
             ));
         }
-        let host_bps = match (s.offload_layers, self.host) {
-            (0, _) => 0.0,
-            (_, Some(h)) => h.bps,
+        let host = match (s.offload_layers, self.host) {
+            (0, _) => None,
+            (_, Some(h)) => Some(h),
             (_, None) => {
                 return Err(Reject::Unsupported(
                     "activation offload needs the GPU's host link bandwidth and host memory (host_link_gbs and host_memory_gib in its profile, --profile FILE)".into(),
                 ));
             }
         };
+        // FSDP gathers every layer's weights in the forward and again in the backward,
+        // and reduce-scatters its gradients there, over the same groups as
+        // [`Costed::project`] prices them on.
+        let link = host.map_or(OffloadLink::default(), |h| OffloadLink {
+            bps: h.bps,
+            shared: h.shared,
+            fsdp: s.fsdp.then(|| {
+                let dense = Placement { size: dp.saturating_mul(key.cp), stride: key.tp };
+                let expert = Placement { size: saturate(stage_gpus / expert_ranks), stride: saturate(expert_ranks) };
+                (dense, expert, if s.grad_fp32 { 4.0 } else { 2.0 })
+            }),
+        });
         let (selective, base) = recompute_rows(s);
         let mut stages = pooled_stages(n_stages);
-        self.add_up(&mut stages, s, &starts, host_bps, Pass { memory: true, time });
+        self.add_up(&mut stages, s, &starts, link, Pass { memory: true, time });
         // DualPipe: pipeline rank r runs stage r for the half of the micro-batches fed from
         // the first rank and stage pp-1-r for the half fed from the last, and holds both
         // stages' weights. DualPipeV: rank r runs stage r and stage 2·pp-1-r for every
@@ -1370,7 +1411,7 @@ impl Costed {
             stages = (0..pp).map(|r| stages[r].paired(&stages[n_stages - 1 - r], share)).collect();
         }
         let s = *s;
-        Ok(Staged { s, stages, legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon, starts, host_bps, time })
+        Ok(Staged { s, stages, legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon, starts, link, time })
     }
 
     /// Add the times and the breakdown to `x`, staged for its memory alone: what
@@ -1388,8 +1429,8 @@ impl Costed {
             return self.staged(s, true);
         }
         let mut x = x;
-        let (s, starts, host_bps) = (x.s, x.starts, x.host_bps);
-        self.add_up(&mut x.stages, &s, &starts, host_bps, Pass { memory: false, time: true });
+        let (s, starts, link) = (x.s, x.starts, x.link);
+        self.add_up(&mut x.stages, &s, &starts, link, Pass { memory: false, time: true });
         x.time = true;
         Ok(x)
     }
@@ -1401,7 +1442,7 @@ impl Costed {
     /// and breakdown. Each field adds up in the same order whichever parts run, so a
     /// memory pass followed by a time pass over the same stages leaves them as one pass
     /// of both, bit for bit.
-    fn add_up(&self, stages: &mut [Stage], s: &Schedule, starts: &ChunkStarts, host_bps: f64, pass: Pass) {
+    fn add_up(&self, stages: &mut [Stage], s: &Schedule, starts: &ChunkStarts, link: OffloadLink, pass: Pass) {
         let Pass { memory: mem, time } = pass;
         let n_stages = stages.len();
         let v = s.pipeline == PipelineKind::DualPipeV;
@@ -1423,13 +1464,16 @@ impl Costed {
             // The first layers of the chunk copy their stored activations to the host as
             // the next layer runs its forward and back ahead of their backward (Megatron's
             // CPU offloading through Transformer Engine's double-buffered handler): what
-            // the copy takes beyond that layer's compute is exposed.
+            // the copy takes beyond that layer's compute is exposed. Where the NIC shares
+            // the link, the layer's scale-out traffic crosses it in the same window, one
+            // direction each way: what leaves the GPU in the forward (the copy out beside
+            // the collectives' sends), what reaches it in the backward.
             for (j, l) in self.layers[a..(a + s.offload_layers as usize).min(b)].iter().enumerate() {
                 let pol = if a + j < m_ { base } else { rest };
                 let bytes = l.activations[pol] - l.selective(selective).1;
                 if time {
-                    let copy = bytes / host_bps;
-                    let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
+                    let [fwd_nic, bwd_nic] = if link.shared { self.nic_beside(l, link) } else { [0.0; 2] };
+                    let exposed = exposed_copy(bytes, fwd_nic, link.bps, l.fwd) + exposed_copy(bytes, bwd_nic, link.bps, l.bwd);
                     stage.t += exposed;
                     stage.comp[OFFLOAD] += exposed;
                 }
@@ -1499,6 +1543,24 @@ impl Costed {
             last.params.side += self.tied;
             last.params.frozen += self.tied_frozen;
         }
+    }
+
+    /// Bytes a layer's scale-out traffic moves through the GPU's NIC per direction in its
+    /// forward and in its backward, per micro-batch: its own collectives' across domains
+    /// (tp, cp, ep) and, under FSDP, the gathers of its weights (forward and backward) and
+    /// the reduce-scatter of its gradients (backward). The data-parallel reduction outside
+    /// FSDP runs once a step, in the last micro-batch's backward, and the pipeline's sends
+    /// at chunk boundaries: neither is counted beside every layer's copy.
+    fn nic_beside(&self, l: &LayerCost, link: OffloadLink) -> [f64; 2] {
+        let [mut fwd, mut bwd] = l.nic;
+        if let Some((dense, expert, gb)) = link.fsdp {
+            let fabric = &self.rates.fabric;
+            let on = |kind: OpKind, per: f64, d: f64, e: f64| fabric.nic_bytes(kind, per * d, dense, None) + fabric.nic_bytes(kind, per * e, expert, None);
+            let gather = on(OpKind::AllGather, 2.0, l.dense + l.frozen, l.expert);
+            fwd += gather;
+            bwd += gather + on(OpKind::ReduceScatter, gb, l.dense, l.expert);
+        }
+        [fwd, bwd]
     }
 
     /// Memory of the most loaded GPU under a staged schedule (its host offload included).

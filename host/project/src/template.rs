@@ -635,13 +635,17 @@ impl Template {
                 Group::Cp => 1,
                 Group::Ep | Group::Etp => 2,
             };
-            let time = |kind: OpKind| match c.routing {
-                Some((k, e)) if kernels.dispatcher == Dispatcher::Flex => rates.fabric.time_routed(kind, c.bytes, p, k, e),
-                _ => rates.fabric.time(kind, c.bytes, p),
+            let routing = c.routing.filter(|_| kernels.dispatcher == Dispatcher::Flex);
+            let time = |kind: OpKind| match routing {
+                Some((k, e)) => rates.fabric.time_routed(kind, c.bytes, p, k, e),
+                None => rates.fabric.time(kind, c.bytes, p),
             };
+            let nic = |kind: OpKind| rates.fabric.nic_bytes(kind, c.bytes, p, routing);
             t.comm_fwd[i] += time(c.kind);
+            t.nic_fwd += nic(c.kind);
             if let Some(b) = c.backward {
                 t.comm_bwd[i] += time(b);
+                t.nic_bwd += nic(b);
             }
             // Context parallelism saves only the rank's own K/V chunk for the backward:
             // Transformer Engine's attention gathers K and V again before reduce-scattering
@@ -649,6 +653,7 @@ impl Template {
             // again beside dK/dV (p2p), so its backward moves twice the forward's bytes.
             if c.group == Group::Cp && c.kind == OpKind::AllGather && c.backward.is_some() {
                 t.comm_bwd[i] += time(OpKind::AllGather);
+                t.nic_bwd += nic(OpKind::AllGather);
             }
         }
         t
@@ -753,6 +758,10 @@ pub struct PartTime {
     /// Collective time forward and backward: tp, cp, ep (with etp).
     pub comm_fwd: [f64; 3],
     pub comm_bwd: [f64; 3],
+    /// Bytes those collectives move through the GPU's NIC per direction, forward and
+    /// backward ([`crate::comm::Fabric::nic_bytes`]).
+    pub nic_fwd: f64,
+    pub nic_bwd: f64,
     /// Forward compute of each selective-recompute module (what recomputing it repeats;
     /// the collectives inside a module are not repeated in this model).
     pub module_fwd: [f64; Module::COUNT],

@@ -746,6 +746,45 @@ fn offloaded_activations_cost_what_the_host_link_cannot_hide() {
     close(p.memory.host_offload * GIB, 2.0 * bytes, "the host holds the two in flight");
 }
 
+/// Where the GPU reaches its NIC and the host over one link (`nic_shares_host_link`, a
+/// PCIe switch on HGX boards), FSDP's traffic for a layer crosses it in the same window
+/// as the layer's offload copy, one direction each way. dp = 2 over domains of one GPU
+/// (so every FSDP collective crosses the NICs, one member a domain), a host link of
+/// 1,250 GB/s at 80 %: 1e12 B/s. Per micro-batch the offloaded layer copies its input,
+/// 2TC = 1,048,576 B, out in its forward (2TC²/peak = 0.536871 µs) and back in its
+/// backward (1.073742 µs); FSDP gathers its C² BF16 weight over the two ranks, half of
+/// it through the NIC each way (the ring's (n−1)/n over one member a domain): C² =
+/// 262,144 B in the forward, and in the backward the gather again and the gradient's
+/// reduce-scatter, 2C² = 524,288 B. Exposed: (copy + nic)/link less the longer of the
+/// compute and the NIC's own time on the link:
+///   alone:  forward 1.048576 − 0.536871 = 0.511705 µs; backward hidden (1.048576 < 1.073742);
+///   shared: forward 1.310720 − 0.536871 = 0.773849 µs; backward 1.572864 − 1.073742 = 0.499122 µs.
+/// m = 4 micro-batches, one offloaded layer.
+#[test]
+fn offload_shares_a_pcie_link_with_the_nic_traffic_beside_it() {
+    let peak_s = |flops: f64| flops / PEAK;
+    let (fwd, bwd) = (peak_s(2.0 * (T * C * C) as f64), peak_s(4.0 * (T * C * C) as f64));
+    let (copy, link) = ((2 * T * C) as f64, 1e12);
+    let (nic_fwd, nic_bwd) = ((C * C) as f64, 2.0 * (C * C) as f64);
+    let on = |shared: bool| {
+        let mut g = offload_gpu();
+        g.host_link_gbs = Some(1250.0);
+        g.scale_up_domain = 1;
+        g.nic_shares_host_link = shared;
+        let mut l = plain(1, 1, 2, 8);
+        l.fsdp = true;
+        l.offload_layers = 1;
+        toy_v(8, 256, g).project(&l).unwrap()
+    };
+    let alone = (copy / link - fwd).max(0.0) + (copy / link - bwd).max(0.0);
+    assert_eq!((copy / link - bwd).max(0.0), 0.0, "the case the test means: the backward hides the copy alone");
+    close(on(false).breakdown.offload, 4.0 * alone, "the copies alone on their link");
+    close(alone * 1e6, 0.511705, "the comment's figure");
+    let shared = ((copy + nic_fwd) / link - fwd) + ((copy + nic_bwd) / link - bwd);
+    close(on(true).breakdown.offload, 4.0 * shared, "the copies beside FSDP's traffic");
+    close(shared * 1e6, 0.773849 + 0.499122, "the comment's figures");
+}
+
 
 /// Frozen weights (a fine-tune's) have no gradient and no optimizer state, only their
 /// BF16 values; FSDP still shards and gathers them with the trained ones (twice per

@@ -210,6 +210,25 @@ fn a_layout_only_offload_could_fit_is_reported_short_of_host_memory() {
     }
 }
 
+/// Llama 3.1 405B on 256 H100 at 2,048 sequences, the whole search: with the PCIe link
+/// to the offload copies alone, it picks FSDP offloading most layers (an audit found 111
+/// of 126 at 58 % MFU, above NVIDIA's best published layout); with FSDP's gathers and
+/// reduce-scatters sharing that link, as on an HGX board, it offloads a layer or two
+/// beside a pipeline, and the step it picks is slower.
+#[test]
+fn sharing_the_pcie_link_with_fsdp_traffic_makes_offload_less_attractive() {
+    let best = |shared: bool| {
+        let mut pr = projector("llama3.1-405b", 8192, "h100", Recipe::Bf16);
+        pr.gpu.nic_shares_host_link = shared;
+        let f = search::search(&mut pr, 256, 2048, &Space::default(), 1);
+        f.best.into_iter().next().expect("a layout fits")
+    };
+    let (alone, shared) = (best(false), best(true));
+    assert!(alone.layout.fsdp && alone.layout.offload_layers > 100, "{}", alone.layout.short());
+    assert!(shared.layout.offload_layers <= 2, "{}", shared.layout.short());
+    assert!(shared.step_time_s > alone.step_time_s, "{} s against {} s", shared.step_time_s, alone.step_time_s);
+}
+
 /// The search's shortcuts in projecting one schedule give what projecting it whole gives,
 /// bit for bit (compared as JSON, shortest round-trip floats): a layout staged for its
 /// memory first and its times added to the same stages (`evaluate_where` that wants it),

@@ -86,7 +86,8 @@ pub struct LayoutFlags {
     pub recompute_layers: Option<u32>,
     /// Activations of the first N layers of each pipeline chunk offloaded to host memory
     /// between forward and backward (Megatron's cpu_offloading_num_layers); the copies
-    /// ride the host link (PCIe, or NVLink-C2C on GB200/GB300) behind the layers' compute
+    /// ride the host link (PCIe, which the NIC's traffic shares on HGX boards, or
+    /// NVLink-C2C on GB200/GB300) behind the layers' compute
     #[arg(long)]
     pub offload_layers: Option<u32>,
     /// Expose the expert all-to-all instead of overlapping it with another micro-batch's
