@@ -125,11 +125,10 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
         _ => std::path::PathBuf::from("."),
     };
     let name = target.file_name().map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     // A file that may be written in a directory that may not (no room for the
     // temporary sibling) is written in place, as `writable` promised it could be.
-    let mut f = match std::fs::File::create(&tmp) {
-        Ok(f) => f,
+    let (tmp, mut f) = match runner::report::create_new_beside(&dir, &name) {
+        Ok(made) => made,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && existing.is_some() => return std::fs::write(&target, bytes),
         Err(e) => return Err(e),
     };
@@ -1354,6 +1353,28 @@ mod tests {
         assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink(), "the link is kept");
         assert_eq!(std::fs::read_to_string(dir.join("sub/today.json")).unwrap(), "today");
         assert!(write_atomic(&dir.join("missing/r.json"), b"x").is_err());
+    }
+
+    /// A symbolic link planted at the temporary name the report used to be written to
+    /// (`.r.json.{pid}.tmp`, guessable) is not followed: its target keeps its content, the
+    /// report lands in r.json, a regular file, and the planted link is left alone. Kills:
+    /// the temporary file named from the pid alone, or opened with `File::create` (which
+    /// follows the link and truncates its target).
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_not_followed() {
+        let tmp = tempfile::Builder::new().prefix("runner-planted-").tempdir().unwrap();
+        let dir = tmp.path();
+        let victim = dir.join("victim.txt");
+        std::fs::write(&victim, "precious").unwrap();
+        let planted = dir.join(format!(".r.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let out = dir.join("r.json");
+        write_atomic(&out, b"the report").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&out).unwrap().file_type().is_file(), "r.json is the planted link");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "the report");
+        assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 3, "no temporary file left");
     }
 
     /// A named pipe (`-o fifo` read by another program) is written in place: a rename would
