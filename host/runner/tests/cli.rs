@@ -200,6 +200,35 @@ fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     assert_eq!(out.lines().filter(|l| l.starts_with("64*")).count(), 2, "the sweet spot is marked: {out}");
 }
 
+/// A run whose history has no place (no usable HOME: here a relative one, which is
+/// ignored as a relative XDG directory is; with no HOME and no passwd entry, as in a
+/// container under an arbitrary uid, the same) says so once and goes on, as one whose
+/// history cannot be written does; the plugin cache is off, and nothing is written under
+/// the working directory. Kills: the missing path an error again (exit 1), a relative
+/// HOME taken as it is (`relh/` made here).
+#[test]
+fn a_run_with_no_place_for_its_history_warns_once_and_goes_on() {
+    let dir = scratch("no-home");
+    let o = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .current_dir(&dir)
+        .args(["explore", "--model", "llama3-tiny", "--gpus", "8", "--precision", "bf16"])
+        .env("HOME", "relh")
+        .env_remove("RUNNER_HISTORY")
+        .env_remove("RUNNER_CACHE_DIR")
+        .env_remove("RUNNER_PLUGIN_PATH")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("XDG_CACHE_HOME")
+        .output()
+        .expect("runner starts");
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("H100 bf16 - "), "{out}");
+    let warned = "warning: not kept in the history: no history database: HOME (relh) is not an absolute path";
+    assert_eq!(err.matches(warned).count(), 1, "{err}");
+    assert!(err.contains("compiled plugins are not cached: HOME (relh) is not an absolute path"), "{err}");
+    assert!(!dir.join("relh").exists(), "a cache or history under the working directory");
+}
+
 #[test]
 fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
     let dir = scratch("formats");

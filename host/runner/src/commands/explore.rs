@@ -175,11 +175,11 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     let mut journal = if global.no_history {
         None
     } else {
-        let path = history::path(global.history.as_deref())?;
-        match StoreJournal::open(&path, "explore", &command_line()) {
+        match history::path(global.history.as_deref()).and_then(|path| StoreJournal::open(&path, "explore", &command_line())) {
             Ok(j) => Some(j),
             Err(e) => {
-                // A history that cannot be written must not cost the user the run.
+                // A history that cannot be written, or has no place (no HOME: a container
+                // under an arbitrary uid, `env -i`), must not cost the user the run.
                 // Its path may be the user's --history, a terminal sequence and all.
                 elog!("warning: not kept in the history: {} (--history FILE or --no-history)", runner::report::visible(&format!("{e:#}")));
                 None
