@@ -181,6 +181,62 @@ pub fn unknown_output_extension(global: &Global, toml: bool) -> Option<String> {
     }
 }
 
+/// The warning for an --output whose extension names another format than --format asks
+/// (`-o x.json --format csv` wrote CSV into x.json without a word): the file still takes
+/// --format, but its name will mislead whoever opens it. None when they agree, when the
+/// extension names no format, or for calibrate's `.toml` (the fitted profile).
+pub fn format_against_extension(global: &Global) -> Option<String> {
+    let (path, format) = (global.output.as_ref()?, global.format?);
+    let ext = path.extension()?.to_string_lossy().to_ascii_lowercase();
+    let named = match ext.as_str() {
+        "json" => OutputFormat::Json,
+        "csv" => OutputFormat::Csv,
+        "html" | "htm" => OutputFormat::Html,
+        "txt" => OutputFormat::Table,
+        _ => return None,
+    };
+    let word = |f: OutputFormat| match f {
+        OutputFormat::Json => "JSON",
+        OutputFormat::Csv => "CSV",
+        OutputFormat::Html => "HTML",
+        OutputFormat::Table => "a table",
+    };
+    (named != format).then(|| {
+        format!(
+            "-o {} is written as {} (--format), not the {} its extension names",
+            report::visible(&path.display().to_string()),
+            word(format),
+            word(named).trim_start_matches("a "),
+        )
+    })
+}
+
+/// Whether `path`, given to -o, is this process's stdout: `-`, or a name for the file
+/// descriptor 1 is open on (`/dev/stdout`, `/proc/self/fd/1`, or the file `>` redirected
+/// stdout to), compared by device and inode. Such an -o prints the file's format on
+/// stdout, once, instead of the table: `-o /dev/stdout --format json` printed the JSON,
+/// then the table after it on the same stream.
+pub fn is_stdout(path: &std::path::Path) -> bool {
+    if path.as_os_str() == "-" {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd as _;
+        use std::os::unix::fs::MetadataExt as _;
+        // fstat of a duplicate of fd 1: std has no fstat on a borrowed descriptor.
+        let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else { return false };
+        match (std::fs::File::from(fd).metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        false
+    }
+}
+
 /// A progress line on stderr (never with -q): long commands say what they are doing.
 pub fn progress_line(global: &Global, msg: &str) {
     if !global.quiet {
@@ -1421,6 +1477,43 @@ mod tests {
         assert_eq!(f(None, Some("report")), Some(OutputFormat::Table));
         assert_eq!(f(Some(OutputFormat::Csv), Some("r.json")), Some(OutputFormat::Csv));
         assert_eq!(f(Some(OutputFormat::Json), Some("r.html")), Some(OutputFormat::Json));
+    }
+
+    /// --format against -o's extension warns, naming both; agreeing (any case, .htm), an
+    /// extension that names nothing, or no --format says nothing. Kills: the comparison
+    /// inverted or dropped, the extension's case kept.
+    #[test]
+    fn a_format_against_the_extension_is_named() {
+        let why = |format, output| super::format_against_extension(&global(format, output));
+        assert_eq!(
+            why(Some(OutputFormat::Csv), Some("x.json")).as_deref(),
+            Some("-o x.json is written as CSV (--format), not the JSON its extension names")
+        );
+        assert_eq!(
+            why(Some(OutputFormat::Json), Some("r.txt")).as_deref(),
+            Some("-o r.txt is written as JSON (--format), not the table its extension names")
+        );
+        assert!(why(Some(OutputFormat::Table), Some("r.HTM")).is_some());
+        for (format, ok) in [(OutputFormat::Json, "R.JSON"), (OutputFormat::Html, "r.htm"), (OutputFormat::Table, "r.txt"), (OutputFormat::Csv, "out.xyz"), (OutputFormat::Json, "fit.toml"), (OutputFormat::Csv, "report")] {
+            assert_eq!(why(Some(format), Some(ok)), None, "{ok}");
+        }
+        assert_eq!(why(None, Some("x.json")), None);
+        assert_eq!(why(Some(OutputFormat::Csv), None), None);
+    }
+
+    /// `-` and a name for the file fd 1 is open on are stdout; another file, a missing one,
+    /// are not. (Under `cargo test` fd 1 is whatever the harness gave: compared through
+    /// /proc/self/fd/1, which names it whatever it is.) Kills: `-` not recognised, every
+    /// existing path taken for stdout.
+    #[test]
+    fn stdout_is_recognised_by_name_and_by_inode() {
+        assert!(super::is_stdout(std::path::Path::new("-")));
+        assert!(super::is_stdout(std::path::Path::new("/proc/self/fd/1")));
+        let tmp = tempfile::Builder::new().prefix("runner-stdout-").tempdir().unwrap();
+        let other = tmp.path().join("r.json");
+        std::fs::write(&other, "x").unwrap();
+        assert!(!super::is_stdout(&other));
+        assert!(!super::is_stdout(&tmp.path().join("missing.json")));
     }
 
     /// -o with an extension that names no format is refused (it was written as a table

@@ -302,6 +302,30 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
 /// in (it priced nothing, silently), the price-file reader as a cloud of its own (it
 /// trapped), one cloud named twice (two equal columns); a run file's relative paths are
 /// its directory's.
+/// `-o -` and `-o /dev/stdout` print the file's format alone on stdout, valid JSON for a
+/// pipe (the table followed it), with no file named `-` and no "wrote" line; a --format
+/// that disagrees with the extension warns. Kills: `-` written as a file, /dev/stdout not
+/// recognised as stdout, the warning dropped.
+#[test]
+fn an_output_that_is_stdout_prints_the_format_alone() {
+    let dir = scratch("stdout");
+    let explore = ["explore", "--model", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--no-history", "--format", "json"];
+    for out in ["-", "/dev/stdout"] {
+        let o = runner(&dir, &[&explore[..], &["-o", out]].concat());
+        let (text, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("-o {out}: {e}: {text}"));
+        assert!(v["series"].is_array(), "-o {out}: {text}");
+        assert!(!err.contains("wrote"), "-o {out}: {err}");
+    }
+    assert!(!dir.join("-").exists(), "a file named -");
+    let o = runner(&dir, &[&explore[..], &["-q", "-o", "x.csv"]].concat());
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("warning: -o x.csv is written as JSON (--format), not the CSV its extension names"), "{err}");
+    assert!(std::fs::read_to_string(dir.join("x.csv")).unwrap().starts_with('{'));
+}
+
 #[test]
 fn clouds_and_regions_asked_for_by_mistake_are_refused() {
     let dir = scratch("clouds");
