@@ -57,15 +57,33 @@ pub struct Cache {
     key: [u8; 32],
 }
 
-/// Where compiled components are cached: `$RUNNER_CACHE_DIR`, else `runner/components` in
-/// the user's cache directory (on Linux `$XDG_CACHE_HOME`, else `~/.cache`; an empty or
-/// relative `$XDG_CACHE_HOME` is ignored, as the XDG spec says, so the cache is never
-/// under the working directory).
+/// Where compiled components are cached: `$RUNNER_CACHE_DIR` (a relative one is taken
+/// relative to the working directory, as any path the user names is; an empty one is
+/// unset), else `runner/components` in the user's cache directory (on Linux
+/// `$XDG_CACHE_HOME`, else `$HOME/.cache`). An empty or relative `$XDG_CACHE_HOME` is
+/// ignored, as the XDG spec says, and so is a relative `$HOME` (each working directory
+/// would get a cache of its own): then there is none.
 pub fn default_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("RUNNER_CACHE_DIR") {
-        return Some(PathBuf::from(dir));
+    dir_from(std::env::var_os("RUNNER_CACHE_DIR"), dirs::cache_dir())
+}
+
+/// [`default_dir`] from `$RUNNER_CACHE_DIR` and the user's cache directory.
+fn dir_from(given: Option<std::ffi::OsString>, cache_dir: Option<PathBuf>) -> Option<PathBuf> {
+    match given {
+        Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+        _ => Some(cache_dir.filter(|d| d.is_absolute())?.join("runner").join("components")),
     }
-    Some(dirs::cache_dir()?.join("runner").join("components"))
+}
+
+/// Why there is no default cache directory, for the warning.
+pub fn no_dir_reason() -> String {
+    match std::env::var_os("HOME") {
+        Some(home) if !home.is_empty() => format!(
+            "HOME ({}) is not an absolute path, so it is ignored; set an absolute HOME or RUNNER_CACHE_DIR",
+            home.to_string_lossy().escape_debug()
+        ),
+        _ => "no cache directory: neither RUNNER_CACHE_DIR nor HOME is set".into(),
+    }
 }
 
 impl Cache {
@@ -92,6 +110,24 @@ impl Cache {
 
     fn path(&self, sha: &str, engine: &str) -> PathBuf {
         self.dir.join(format!("{sha}-{engine}.cwasm"))
+    }
+
+    /// What to say of the entry for (`sha`, `engine`) that [`Cache::get`] refused. A
+    /// directory at its name (made by hand, or by a tool that mirrors caches) is not a
+    /// sign of tampering and would never be replaced by [`Cache::put`]'s rename: an empty
+    /// one is removed so the entry can be written; another is named for the user to remove.
+    pub fn refused(&self, sha: &str, engine: &str) -> String {
+        let path = self.path(sha, engine);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            return match std::fs::remove_dir(&path) {
+                Ok(()) => format!("the cache entry {} was an empty directory, not a file: removed; compiling plugin {sha} into it", path.display()),
+                Err(_) => format!(
+                    "the cache entry {} is a directory, not a file: remove it (plugin {sha} is compiled on every run until then)",
+                    path.display()
+                ),
+            };
+        }
+        format!("the cached compilation of plugin {sha} failed verification (edited, swapped or written by someone else); recompiling it")
     }
 
     fn tag(&self, sha: &str, engine: &str, compiled: &[u8]) -> Hmac<Sha256> {
@@ -239,7 +275,8 @@ mod unix {
                 euid()
             ));
         }
-        let mode = meta.mode() & 0o777;
+        // Printed whole: `chmod 1777` (sticky, as /tmp) read "mode 777".
+        let mode = meta.mode() & 0o7777;
         if mode & 0o022 != 0 {
             return Err(format!(
                 "the cache directory {shown} can be written by others (mode {mode:o}); its compiled code \
@@ -445,6 +482,56 @@ mod tests {
         assert!(!path.exists(), "the partial file was left behind");
         write_or_remove(&path, std::fs::File::create(&path).unwrap(), b"code").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"code");
+    }
+
+    /// An empty `$RUNNER_CACHE_DIR` is unset (it read "cannot read : No such file"), and
+    /// a relative user cache directory (from a relative `$HOME`) is none, not one under
+    /// the working directory; a relative `$RUNNER_CACHE_DIR`, named by the user, is kept.
+    /// Kills: the empty variable taken, the relative directory not filtered.
+    #[test]
+    fn an_empty_variable_is_unset_and_a_relative_home_is_ignored() {
+        let home = Some(PathBuf::from("/home/u/.cache"));
+        let default = Some(PathBuf::from("/home/u/.cache/runner/components"));
+        assert_eq!(dir_from(Some("".into()), home.clone()), default);
+        assert_eq!(dir_from(None, home), default);
+        assert_eq!(dir_from(None, Some(PathBuf::from("relh/.cache"))), None);
+        assert_eq!(dir_from(Some("".into()), Some(PathBuf::from("relh/.cache"))), None);
+        assert_eq!(dir_from(Some("mine".into()), None), Some(PathBuf::from("mine")));
+    }
+
+    /// A directory at an entry's name is said to be one, not tampering: an empty one is
+    /// removed (so the entry can be stored), another is named for the user to remove. A
+    /// refused file is still "failed verification". Kills: every refusal read as failed
+    /// verification; the empty directory left in place.
+    #[test]
+    fn a_directory_at_an_entrys_name_is_named_not_called_tampering() {
+        let (_dir, dir) = scratch("entry-dir");
+        let cache = Cache::open(&dir).unwrap();
+        let sha = "12".repeat(32);
+        std::fs::create_dir(cache.path(&sha, "e")).unwrap();
+        assert_eq!(cache.get(&sha, "e"), Err(()));
+        let said = cache.refused(&sha, "e");
+        assert!(said.contains("was an empty directory, not a file: removed"), "{said}");
+        cache.put(&sha, "e", b"code");
+        assert_eq!(cache.get(&sha, "e"), Ok(Some(b"code".to_vec())));
+        let other = "34".repeat(32);
+        std::fs::create_dir_all(cache.path(&other, "e").join("inside")).unwrap();
+        let said = cache.refused(&other, "e");
+        assert!(said.contains("is a directory, not a file: remove it"), "{said}");
+        assert!(cache.path(&other, "e").join("inside").is_dir(), "its content is the user's to remove");
+        std::fs::write(cache.path(&sha, "e"), b"edited").unwrap();
+        assert!(cache.refused(&sha, "e").contains("failed verification"));
+    }
+
+    /// A world-writable sticky directory (as /tmp is) is refused with its whole mode:
+    /// it read "mode 777". Kills: the mode cut to its permission bits.
+    #[test]
+    fn a_refused_mode_is_printed_whole() {
+        let (_dir, dir) = scratch("sticky");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = Cache::open(&dir).err().expect("a world-writable directory is refused");
+        assert!(err.contains("(mode 1777)"), "{err}");
     }
 
     /// Two caches draw two keys: an entry of one, copied into the other, is refused.

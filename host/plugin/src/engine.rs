@@ -101,8 +101,15 @@ fn default_cache() -> Result<&'static Cache, String> {
     static CACHE: OnceLock<Result<Cache, String>> = OnceLock::new();
     CACHE
         .get_or_init(|| {
-            let dir = crate::cache::default_dir()
-                .ok_or("no cache directory (neither RUNNER_CACHE_DIR nor HOME is set)")?;
+            let Some(dir) = crate::cache::default_dir() else {
+                let reason = crate::cache::no_dir_reason();
+                // No HOME at all (a container under an arbitrary uid) is normal there and
+                // costs only compile time; a relative HOME is a mistake worth a word.
+                if std::env::var_os("HOME").is_some_and(|h| !h.is_empty()) {
+                    tracing::warn!("compiled plugins are not cached: {reason}");
+                }
+                return Err(reason);
+            };
             Cache::open(&dir)
                 .inspect_err(|e| tracing::warn!("compiled plugins are not cached: {e}"))
         })
@@ -143,10 +150,7 @@ pub fn compile_with(
         }
         Ok(None) => {}
         Err(()) => {
-            tracing::warn!(
-                "the cached compilation of plugin {sha} failed verification (edited, swapped or written by \
-                 someone else); recompiling it"
-            );
+            tracing::warn!("{}", cache.refused(sha, &key));
             outcome = CacheOutcome::Rejected;
         }
     }

@@ -62,8 +62,10 @@ fn dirs_from(path: Option<&std::ffi::OsStr>, data: Option<PathBuf>) -> Vec<PathB
 /// rule that an empty or relative `$XDG_DATA_HOME` is ignored (read as given, an empty one
 /// would make `runner/plugins` under the working directory a plugin directory); the
 /// component cache, the history store and the NCCL shim take their directories from it too.
+/// A relative `$HOME` is ignored the same way (plugins would be loaded from under the
+/// working directory): then there is no such directory.
 pub fn user_data_dir() -> Option<PathBuf> {
-    Some(dirs::data_dir()?.join("runner").join("plugins"))
+    Some(dirs::data_dir().filter(|d| d.is_absolute())?.join("runner").join("plugins"))
 }
 
 fn file_name(spec: &str) -> String {

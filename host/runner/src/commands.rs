@@ -125,11 +125,10 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
         _ => std::path::PathBuf::from("."),
     };
     let name = target.file_name().map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     // A file that may be written in a directory that may not (no room for the
     // temporary sibling) is written in place, as `writable` promised it could be.
-    let mut f = match std::fs::File::create(&tmp) {
-        Ok(f) => f,
+    let (tmp, mut f) = match runner::report::create_new_beside(&dir, &name) {
+        Ok(made) => made,
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && existing.is_some() => return std::fs::write(&target, bytes),
         Err(e) => return Err(e),
     };
@@ -179,6 +178,62 @@ pub fn unknown_output_extension(global: &Global, toml: bool) -> Option<String> {
             report::visible(&path.extension()?.to_string_lossy()),
             if toml { ", or .toml for the fitted profile" } else { "" }
         )),
+    }
+}
+
+/// The warning for an --output whose extension names another format than --format asks
+/// (`-o x.json --format csv` wrote CSV into x.json without a word): the file still takes
+/// --format, but its name will mislead whoever opens it. None when they agree, when the
+/// extension names no format, or for calibrate's `.toml` (the fitted profile).
+pub fn format_against_extension(global: &Global) -> Option<String> {
+    let (path, format) = (global.output.as_ref()?, global.format?);
+    let ext = path.extension()?.to_string_lossy().to_ascii_lowercase();
+    let named = match ext.as_str() {
+        "json" => OutputFormat::Json,
+        "csv" => OutputFormat::Csv,
+        "html" | "htm" => OutputFormat::Html,
+        "txt" => OutputFormat::Table,
+        _ => return None,
+    };
+    let word = |f: OutputFormat| match f {
+        OutputFormat::Json => "JSON",
+        OutputFormat::Csv => "CSV",
+        OutputFormat::Html => "HTML",
+        OutputFormat::Table => "a table",
+    };
+    (named != format).then(|| {
+        format!(
+            "-o {} is written as {} (--format), not the {} its extension names",
+            report::visible(&path.display().to_string()),
+            word(format),
+            word(named).trim_start_matches("a "),
+        )
+    })
+}
+
+/// Whether `path`, given to -o, is this process's stdout: `-`, or a name for the file
+/// descriptor 1 is open on (`/dev/stdout`, `/proc/self/fd/1`, or the file `>` redirected
+/// stdout to), compared by device and inode. Such an -o prints the file's format on
+/// stdout, once, instead of the table: `-o /dev/stdout --format json` printed the JSON,
+/// then the table after it on the same stream.
+pub fn is_stdout(path: &std::path::Path) -> bool {
+    if path.as_os_str() == "-" {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd as _;
+        use std::os::unix::fs::MetadataExt as _;
+        // fstat of a duplicate of fd 1: std has no fstat on a borrowed descriptor.
+        let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() else { return false };
+        match (std::fs::File::from(fd).metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        false
     }
 }
 
@@ -1360,6 +1415,28 @@ mod tests {
         assert!(write_atomic(&dir.join("missing/r.json"), b"x").is_err());
     }
 
+    /// A symbolic link planted at the temporary name the report used to be written to
+    /// (`.r.json.{pid}.tmp`, guessable) is not followed: its target keeps its content, the
+    /// report lands in r.json, a regular file, and the planted link is left alone. Kills:
+    /// the temporary file named from the pid alone, or opened with `File::create` (which
+    /// follows the link and truncates its target).
+    #[test]
+    fn a_link_planted_at_the_temporary_name_is_not_followed() {
+        let tmp = tempfile::Builder::new().prefix("runner-planted-").tempdir().unwrap();
+        let dir = tmp.path();
+        let victim = dir.join("victim.txt");
+        std::fs::write(&victim, "precious").unwrap();
+        let planted = dir.join(format!(".r.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let out = dir.join("r.json");
+        write_atomic(&out, b"the report").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&out).unwrap().file_type().is_file(), "r.json is the planted link");
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "the report");
+        assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 3, "no temporary file left");
+    }
+
     /// A named pipe (`-o fifo` read by another program) is written in place: a rename would
     /// put a regular file where the pipe was and leave its reader waiting. (This stands for
     /// every file that is not a regular one, /dev/null included: a test wrote the real
@@ -1404,6 +1481,43 @@ mod tests {
         assert_eq!(f(None, Some("report")), Some(OutputFormat::Table));
         assert_eq!(f(Some(OutputFormat::Csv), Some("r.json")), Some(OutputFormat::Csv));
         assert_eq!(f(Some(OutputFormat::Json), Some("r.html")), Some(OutputFormat::Json));
+    }
+
+    /// --format against -o's extension warns, naming both; agreeing (any case, .htm), an
+    /// extension that names nothing, or no --format says nothing. Kills: the comparison
+    /// inverted or dropped, the extension's case kept.
+    #[test]
+    fn a_format_against_the_extension_is_named() {
+        let why = |format, output| super::format_against_extension(&global(format, output));
+        assert_eq!(
+            why(Some(OutputFormat::Csv), Some("x.json")).as_deref(),
+            Some("-o x.json is written as CSV (--format), not the JSON its extension names")
+        );
+        assert_eq!(
+            why(Some(OutputFormat::Json), Some("r.txt")).as_deref(),
+            Some("-o r.txt is written as JSON (--format), not the table its extension names")
+        );
+        assert!(why(Some(OutputFormat::Table), Some("r.HTM")).is_some());
+        for (format, ok) in [(OutputFormat::Json, "R.JSON"), (OutputFormat::Html, "r.htm"), (OutputFormat::Table, "r.txt"), (OutputFormat::Csv, "out.xyz"), (OutputFormat::Json, "fit.toml"), (OutputFormat::Csv, "report")] {
+            assert_eq!(why(Some(format), Some(ok)), None, "{ok}");
+        }
+        assert_eq!(why(None, Some("x.json")), None);
+        assert_eq!(why(Some(OutputFormat::Csv), None), None);
+    }
+
+    /// `-` and a name for the file fd 1 is open on are stdout; another file, a missing one,
+    /// are not. (Under `cargo test` fd 1 is whatever the harness gave: compared through
+    /// /proc/self/fd/1, which names it whatever it is.) Kills: `-` not recognised, every
+    /// existing path taken for stdout.
+    #[test]
+    fn stdout_is_recognised_by_name_and_by_inode() {
+        assert!(super::is_stdout(std::path::Path::new("-")));
+        assert!(super::is_stdout(std::path::Path::new("/proc/self/fd/1")));
+        let tmp = tempfile::Builder::new().prefix("runner-stdout-").tempdir().unwrap();
+        let other = tmp.path().join("r.json");
+        std::fs::write(&other, "x").unwrap();
+        assert!(!super::is_stdout(&other));
+        assert!(!super::is_stdout(&tmp.path().join("missing.json")));
     }
 
     /// -o with an extension that names no format is refused (it was written as a table

@@ -146,13 +146,22 @@ impl Journal for StoreJournal {
 /// under the user's data directory).
 ///
 /// # Errors
-/// No path is given and no home or data directory is known.
+/// No path is given and no home or data directory is known (or `$HOME` is relative).
 pub fn path(given: Option<&Path>) -> anyhow::Result<PathBuf> {
     match given {
         Some(p) => Ok(p.to_path_buf()),
-        None => default_path().ok_or_else(|| {
-            anyhow::anyhow!("no history database: set RUNNER_HISTORY or HOME, or give --history FILE")
-        }),
+        None => default_path().ok_or_else(|| anyhow::anyhow!("{}", no_default(std::env::var_os("HOME")))),
+    }
+}
+
+/// Why there is no default history, given `$HOME`.
+fn no_default(home: Option<std::ffi::OsString>) -> String {
+    match home {
+        Some(h) if !h.is_empty() => format!(
+            "no history database: HOME ({}) is not an absolute path, so it is ignored; set an absolute HOME or RUNNER_HISTORY, or give --history FILE",
+            h.to_string_lossy().escape_debug()
+        ),
+        _ => "no history database: set RUNNER_HISTORY or HOME, or give --history FILE".into(),
     }
 }
 

@@ -46,7 +46,7 @@ pub struct Global {
     /// Output format
     #[arg(long, value_enum, global = true)]
     pub format: Option<OutputFormat>,
-    /// Write the result to FILE (format from --format, else from the extension: .json, .csv, .html, .txt or none for a table; another is refused); the terminal shows the table
+    /// Write the result to FILE (format from --format, else from the extension, in any case: .json, .csv, .html or .htm, .txt or none for a table; another is refused; --format against the extension warns); the terminal shows the table. `-o -`, or a FILE that is stdout (/dev/stdout), prints the file's format alone on stdout
     #[arg(long, short = 'o', global = true, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides
@@ -808,9 +808,17 @@ fn main() -> ExitCode {
         runner_exec::cuda::nccl::eager_connections()
     };
     let matches = parse_args(std::env::args_os().collect());
-    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+    let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);
+    // -o - (or an -o that is stdout): the file's format alone on stdout, as --format
+    // without -o prints it, and no file named `-`.
+    if let Some(out) = &cli.global.output
+        && commands::is_stdout(out)
+    {
+        cli.global.format = commands::output_format(&cli.global);
+        cli.global.output = None;
+    }
     // The default run's flags before a subcommand would be dropped without a word.
     if let Some((sub, _)) = matches.subcommand()
         && let Some(flag) = run_flag_before(&matches)
@@ -868,6 +876,9 @@ fn main() -> ExitCode {
     // unasked helps no one.
     if let Some(why) = commands::unknown_output_extension(&cli.global, matches!(cli.command, Some(Command::Calibrate { .. }))) {
         return refuse(&why);
+    }
+    if let Some(why) = commands::format_against_extension(&cli.global) {
+        elog!("warning: {why}");
     }
     // A result that takes minutes to compute is not thrown away for want of a place to
     // write it: the output's directory is checked first.

@@ -479,14 +479,46 @@ pub fn writable(path: &std::path::Path) -> Result<(), String> {
     if path.exists() {
         return std::fs::OpenOptions::new().append(true).open(path).map(drop).map_err(|e| format!("-o {shown} cannot be written: {e}"));
     }
-    let probe = dir.join(format!(".runner-write-check-{}", std::process::id()));
-    match std::fs::File::create(&probe) {
-        Ok(_) => {
+    match create_new_beside(dir, "runner-write-check") {
+        Ok((probe, _)) => {
             let _ = std::fs::remove_file(&probe);
             Ok(())
         }
         Err(e) => Err(format!("-o {shown}: cannot create a file in {}: {e}", dir.display())),
     }
+}
+
+/// Create a new file in `dir` named `.{name}.{pid}.{nanos}.{n}.tmp`, for a write that is
+/// renamed over its target or a probe removed at once. Opened with `create_new` (O_EXCL):
+/// an existing file or a symbolic link planted at the name is refused, never followed or
+/// truncated, so anyone who may write to `dir` (a shared results directory, /tmp) cannot
+/// make this user's `-o` write into another file; the name, not guessable from the pid
+/// alone, is drawn again on a collision, a few times.
+///
+/// # Errors
+/// The file cannot be created (the directory refuses it, or every name drawn was taken).
+pub fn create_new_beside(dir: &std::path::Path, name: &str) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    create_new_named(dir, name, &mut || {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("{}.{nanos:08x}.{n}", std::process::id())
+    })
+}
+
+/// [`create_new_beside`] with the names' varying part drawn by `suffix`.
+fn create_new_named(dir: &std::path::Path, name: &str, suffix: &mut dyn FnMut() -> String) -> std::io::Result<(std::path::PathBuf, std::fs::File)> {
+    const TRIES: usize = 8;
+    let mut last = None;
+    for _ in 0..TRIES {
+        let path = dir.join(format!(".{name}.{}.tmp", suffix()));
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(f) => return Ok((path, f)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temporary name left")))
 }
 
 /// Human number with SI suffix: 8.03B, 4.74e14 stays scientific for FLOPs. Rounding that
@@ -703,6 +735,27 @@ mod tests {
         t.rows.push(vec!["x\ny".into()]);
         t.notes.push("first\nsecond,1\r\nthird".into());
         assert_eq!(t.csv(), "a\n\"x\ny\"\n# first second,1  third\n");
+    }
+
+    /// A name already taken, by a file or by a symbolic link planted there, is refused and
+    /// another drawn: the link's target is neither written nor truncated. Kills: the file
+    /// opened with `create(true)` (follows the link, truncates), no retry on a collision.
+    #[test]
+    fn a_temporary_file_never_opens_what_is_at_its_name() {
+        let tmp = tempfile::Builder::new().prefix("runner-create-new-").tempdir().unwrap();
+        let dir = tmp.path();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(".out.a.tmp")).unwrap();
+        std::fs::write(dir.join(".out.b.tmp"), "someone's").unwrap();
+        let mut names = ["a", "b", "c"].into_iter();
+        let (path, mut f) = create_new_named(dir, "out", &mut || names.next().unwrap_or("z").to_string()).unwrap();
+        std::io::Write::write_all(&mut f, b"mine").unwrap();
+        assert_eq!(path, dir.join(".out.c.tmp"));
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        assert_eq!(std::fs::read_to_string(dir.join(".out.b.tmp")).unwrap(), "someone's");
+        let e = create_new_named(dir, "out", &mut || "a".to_string()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "every name taken: an error, not a loop");
     }
 
     /// `-o` is checked before a long run: a missing directory and a directory are named;

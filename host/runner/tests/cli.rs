@@ -200,6 +200,35 @@ fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     assert_eq!(out.lines().filter(|l| l.starts_with("64*")).count(), 2, "the sweet spot is marked: {out}");
 }
 
+/// A run whose history has no place (no usable HOME: here a relative one, which is
+/// ignored as a relative XDG directory is; with no HOME and no passwd entry, as in a
+/// container under an arbitrary uid, the same) says so once and goes on, as one whose
+/// history cannot be written does; the plugin cache is off, and nothing is written under
+/// the working directory. Kills: the missing path an error again (exit 1), a relative
+/// HOME taken as it is (`relh/` made here).
+#[test]
+fn a_run_with_no_place_for_its_history_warns_once_and_goes_on() {
+    let dir = scratch("no-home");
+    let o = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .current_dir(&dir)
+        .args(["explore", "--model", "llama3-tiny", "--gpus", "8", "--precision", "bf16"])
+        .env("HOME", "relh")
+        .env_remove("RUNNER_HISTORY")
+        .env_remove("RUNNER_CACHE_DIR")
+        .env_remove("RUNNER_PLUGIN_PATH")
+        .env_remove("XDG_DATA_HOME")
+        .env_remove("XDG_CACHE_HOME")
+        .output()
+        .expect("runner starts");
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("H100 bf16 - "), "{out}");
+    let warned = "warning: not kept in the history: no history database: HOME (relh) is not an absolute path";
+    assert_eq!(err.matches(warned).count(), 1, "{err}");
+    assert!(err.contains("compiled plugins are not cached: HOME (relh) is not an absolute path"), "{err}");
+    assert!(!dir.join("relh").exists(), "a cache or history under the working directory");
+}
+
 #[test]
 fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
     let dir = scratch("formats");
@@ -273,6 +302,30 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
 /// in (it priced nothing, silently), the price-file reader as a cloud of its own (it
 /// trapped), one cloud named twice (two equal columns); a run file's relative paths are
 /// its directory's.
+/// `-o -` and `-o /dev/stdout` print the file's format alone on stdout, valid JSON for a
+/// pipe (the table followed it), with no file named `-` and no "wrote" line; a --format
+/// that disagrees with the extension warns. Kills: `-` written as a file, /dev/stdout not
+/// recognised as stdout, the warning dropped.
+#[test]
+fn an_output_that_is_stdout_prints_the_format_alone() {
+    let dir = scratch("stdout");
+    let explore = ["explore", "--model", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--no-history", "--format", "json"];
+    for out in ["-", "/dev/stdout"] {
+        let o = runner(&dir, &[&explore[..], &["-o", out]].concat());
+        let (text, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("-o {out}: {e}: {text}"));
+        assert!(v["series"].is_array(), "-o {out}: {text}");
+        assert!(!err.contains("wrote"), "-o {out}: {err}");
+    }
+    assert!(!dir.join("-").exists(), "a file named -");
+    let o = runner(&dir, &[&explore[..], &["-q", "-o", "x.csv"]].concat());
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("warning: -o x.csv is written as JSON (--format), not the CSV its extension names"), "{err}");
+    assert!(std::fs::read_to_string(dir.join("x.csv")).unwrap().starts_with('{'));
+}
+
 #[test]
 fn clouds_and_regions_asked_for_by_mistake_are_refused() {
     let dir = scratch("clouds");

@@ -59,6 +59,32 @@ fn store(dir: &Path) -> runner_store::Store {
     runner_store::Store::open(&dir.join("history.sqlite")).unwrap()
 }
 
+/// Ctrl-C (SIGINT) during a run ends the progress line and says how to go on, then the
+/// run dies of the signal as before (the shell's 130), its rows kept. Kills: no handler
+/// (nothing said), a handler that exits normally instead of dying of the signal.
+#[test]
+fn an_interrupted_run_says_how_to_resume_and_dies_of_the_signal() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let dir = scratch("sigint");
+    let file = slow_run_file(&dir);
+    let mut child = command(&dir, &["run", file.to_str().unwrap()]).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(child.try_wait().unwrap().is_none(), "the run finished before it could be interrupted");
+        assert!(start.elapsed() < Duration::from_secs(120), "no rows were kept");
+        if dir.join("history.sqlite").exists() && store(&dir).list(1).unwrap().first().is_some_and(|r| r.items >= 2) {
+            break;
+        }
+    }
+    assert!(Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap().success());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.signal(), Some(2), "{:?} {err}", o.status);
+    assert!(err.contains("\ninterrupted; rerun the same command to resume\n"), "{err}");
+    assert_eq!(store(&dir).list(1).unwrap()[0].status, "running", "left to be resumed");
+}
+
 #[test]
 fn a_run_killed_with_sigkill_keeps_its_rows_and_resumes_where_it_stopped() {
     let dir = scratch("kill");

@@ -245,9 +245,11 @@ fn rfc3339_utc(secs: i64) -> String {
 
 /// The default database: `$RUNNER_HISTORY`, else `runner/history.sqlite` in the user's
 /// data directory (on Linux `$XDG_DATA_HOME`, else `~/.local/share`; an empty or relative
-/// `$XDG_DATA_HOME` is ignored, as the XDG spec says). An empty `$RUNNER_HISTORY` is unset
+/// `$XDG_DATA_HOME` is ignored, as the XDG spec says, and so is a relative `$HOME`: each
+/// working directory would get a history of its own). An empty `$RUNNER_HISTORY` is unset
 /// too: SQLite opens the empty name as a temporary database deleted on close, so every
-/// run said "kept as run 1" and was lost.
+/// run said "kept as run 1" and was lost. A relative `$RUNNER_HISTORY`, named by the user
+/// as `--history FILE` is, is taken relative to the working directory.
 pub fn default_path() -> Option<PathBuf> {
     path_from(std::env::var_os("RUNNER_HISTORY"), dirs::data_dir())
 }
@@ -256,7 +258,7 @@ pub fn default_path() -> Option<PathBuf> {
 fn path_from(history: Option<std::ffi::OsString>, data_dir: Option<PathBuf>) -> Option<PathBuf> {
     match history {
         Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => Some(data_dir?.join("runner").join("history.sqlite")),
+        _ => Some(data_dir.filter(|d| d.is_absolute())?.join("runner").join("history.sqlite")),
     }
 }
 
@@ -1055,6 +1057,9 @@ mod tests {
         assert_eq!(path_from(None, None), None);
         assert_eq!(path_from(Some("".into()), data()), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
         assert_eq!(path_from(Some("".into()), None), None);
+        // From a relative HOME: none, not one under the working directory.
+        assert_eq!(path_from(None, Some(PathBuf::from("relh/.local/share"))), None);
+        assert_eq!(path_from(Some("rel.db".into()), None), Some(PathBuf::from("rel.db")));
 
         let (_dir, path) = scratch("pragmas");
         let s = Store::open(&path).unwrap();

@@ -175,17 +175,18 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     let mut journal = if global.no_history {
         None
     } else {
-        let path = history::path(global.history.as_deref())?;
-        match StoreJournal::open(&path, "explore", &command_line()) {
+        match history::path(global.history.as_deref()).and_then(|path| StoreJournal::open(&path, "explore", &command_line())) {
             Ok(j) => Some(j),
             Err(e) => {
-                // A history that cannot be written must not cost the user the run.
+                // A history that cannot be written, or has no place (no HOME: a container
+                // under an arbitrary uid, `env -i`), must not cost the user the run.
                 // Its path may be the user's --history, a terminal sequence and all.
                 elog!("warning: not kept in the history: {} (--history FILE or --no-history)", runner::report::visible(&format!("{e:#}")));
                 None
             }
         }
     };
+    interrupt::catch(journal.is_some());
     let bar = crate::commands::spinner(global);
     let tty = bar.is_some();
     let last = std::cell::Cell::new(usize::MAX);
@@ -213,6 +214,7 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
+            interrupt::release();
             if let Some(j) = &mut journal {
                 j.fail(&format!("{e:#}"));
                 warn_lost(j);
@@ -224,6 +226,8 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
         keep(j, &outcome, global);
         warn_lost(j);
     }
+    // Kept whole: from here a rerun starts afresh, so "rerun to resume" would mislead.
+    interrupt::release();
     // The file first: a stdout that fails (a closed pipe) must not lose it.
     write_output(global, &|f| report::explore::render(&outcome, f))?;
     print_stdout(&report::explore::render(&outcome, stdout_format(global)))
@@ -726,5 +730,59 @@ mod tests {
         let mut run = defaults();
         apply_overrides(&mut run, &QuickRun { budget: Some(1e6), gpus: Some(vec![64]), ..QuickRun::default() }, &global()).unwrap();
         assert_eq!(run.cluster.gpus, [64]);
+    }
+}
+
+/// A run stopped by SIGINT (Ctrl-C) or SIGTERM says so on stderr, after a newline that
+/// ends the progress line, and how to go on; then it dies of the signal as it did before
+/// (the shell's 130 or 143). Nothing else changes: the history is left exactly as any
+/// kill leaves it (every finished row committed, the run resumed by the next with the
+/// same inputs, as a SIGKILL'd one is), since the handler touches no Rust state and ends
+/// the process the same way.
+mod interrupt {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static RESUMABLE: AtomicBool = AtomicBool::new(false);
+    const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+
+    extern "C" fn on_signal(sig: libc::c_int) {
+        let msg: &[u8] = if RESUMABLE.load(Ordering::Relaxed) {
+            b"\ninterrupted; rerun the same command to resume\n"
+        } else {
+            b"\ninterrupted (--no-history: nothing kept to resume)\n"
+        };
+        // SAFETY: write, signal and raise are async-signal-safe; `msg` is static.
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::signal(sig, libc::SIG_DFL);
+            libc::raise(sig);
+        }
+    }
+
+    /// Say a word on SIGINT/SIGTERM from now on (`resumable`: the run is in the history).
+    /// A signal the runner was started ignoring (`nohup`, a background job) stays ignored.
+    pub(super) fn catch(resumable: bool) {
+        RESUMABLE.store(resumable, Ordering::Relaxed);
+        for sig in SIGNALS {
+            // SAFETY: installs a handler that makes only async-signal-safe calls.
+            let before = unsafe { libc::signal(sig, on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+            if before == libc::SIG_IGN {
+                // SAFETY: restores the disposition the process was started with.
+                unsafe { libc::signal(sig, libc::SIG_IGN) };
+            }
+        }
+    }
+
+    /// Back to dying of the signal without a word (an ignored signal stays ignored).
+    pub(super) fn release() {
+        for sig in SIGNALS {
+            // SAFETY: reads and sets the disposition; no handler of ours stays behind.
+            unsafe {
+                let before = libc::signal(sig, libc::SIG_DFL);
+                if before == libc::SIG_IGN {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+            }
+        }
     }
 }
