@@ -193,6 +193,10 @@ pub struct Cloud {
     pub info: PluginInfo,
     model: CostModel,
     offerings: Vec<Offering>,
+    /// Why it is not asked again: its first quote that ran past the deadline, trapped or
+    /// ran out of memory. Such a plugin would cost the deadline again for every quote of
+    /// every row (a hanging one 10 s each), as `offerings` failing leaves a cloud out.
+    given_up: Option<String>,
 }
 
 /// A price's region for "the same price in every region" (Lambda's list).
@@ -252,7 +256,7 @@ pub fn load(spec: &str, input: Option<Vec<u8>>, limits: Limits) -> Result<Cloud,
     };
     let provider = model.provider()?;
     let offerings = model.offerings()?;
-    Ok(Cloud { name: provider.name, info, model, offerings })
+    Ok(Cloud { name: provider.name, info, model, offerings, given_up: None })
 }
 
 /// Quote failures, said once each and at most [`QuoteNotes::MAX`] times in all: a plugin
@@ -327,10 +331,59 @@ fn category(c: LineCategory) -> &'static str {
 impl Cloud {
     /// The cheapest quote for `ask`: among clean prices first; among caveated ones (the
     /// quote then carries the caveats) only when there is no clean one.
+    ///
+    /// After a quote that hung, trapped or ran out of memory the cloud is not asked again
+    /// in this run: each later row fails at once with that first failure (said once in the
+    /// notes).
     pub fn cheapest(&mut self, ask: &Ask<'_>, assumptions: &Assumptions, notes: &mut QuoteNotes) -> CloudPrice {
-        let Cloud { name, info, model, offerings } = self;
-        cheapest_of(name, info, offerings, ask, assumptions, notes, |request| model.quote(request))
+        let Cloud { name, info, model, offerings, given_up } = self;
+        cheapest_unless_given_up(name, info, offerings, given_up, ask, assumptions, notes, |request| model.quote(request))
     }
+}
+
+/// [`cheapest_of`], unless `given_up` says why the cloud is not asked again; sets it on a
+/// quote that hung, trapped or ran out of memory.
+#[allow(clippy::too_many_arguments, reason = "Cloud::cheapest's fields, apart so that a test can stand in for the plugin")]
+fn cheapest_unless_given_up(
+    name: &str,
+    info: &PluginInfo,
+    offerings: &[Offering],
+    given_up: &mut Option<String>,
+    ask: &Ask<'_>,
+    assumptions: &Assumptions,
+    notes: &mut QuoteNotes,
+    mut quote: impl FnMut(&QuoteRequest) -> Result<crate::plugin::cost::Quote, plugin::PluginError>,
+) -> CloudPrice {
+    if let Some(reason) = given_up {
+        return CloudPrice::QuoteFailed { reason: reason.clone() };
+    }
+    let mut broken: Option<plugin::PluginError> = None;
+    let price = cheapest_of(name, info, offerings, ask, assumptions, notes, |request| give_up_after(&mut broken, || quote(request)));
+    if let Some(e) = broken {
+        // The row's reason is the failure's note, which the notes say once.
+        *given_up = Some(format!("skipped a quote: {e}"));
+        notes.push(format!("{name}: not asked for quotes again in this run after that failure: its later rows say failed"));
+    }
+    price
+}
+
+/// `quote()`, unless an earlier call of the same cloud hung, trapped or ran out of memory:
+/// then that failure again, without calling the plugin. The first such failure is kept in
+/// `broken`.
+fn give_up_after(
+    broken: &mut Option<plugin::PluginError>,
+    quote: impl FnOnce() -> Result<crate::plugin::cost::Quote, plugin::PluginError>,
+) -> Result<crate::plugin::cost::Quote, plugin::PluginError> {
+    if let Some(e) = broken {
+        return Err(e.clone());
+    }
+    let got = quote();
+    if let Err(e) = &got
+        && matches!(e.failure, plugin::Failure::Timeout { .. } | plugin::Failure::Trap { .. } | plugin::Failure::OutOfMemory { .. })
+    {
+        *broken = Some(e.clone());
+    }
+    got
 }
 
 /// [`Cloud::cheapest`] over `offerings`, each quote asked of `quote` (the cloud's plugin; a
@@ -1025,6 +1078,54 @@ pub(crate) mod tests {
             let q = got.quote().unwrap_or_else(|| panic!("{got:?}"));
             assert_eq!((q.instance.as_str(), q.region.as_str(), q.usd), (want.2, want.3, want.1), "{region} {option:?} {gpus}");
             assert!(requests.len() * 4 <= all.len(), "{} quotes of {} prices", requests.len(), all.len());
+        }
+    }
+
+    /// A quote that hangs, traps or runs out of memory is the cloud's last: the rest of that
+    /// row's quotes and every later row fail with it without calling the plugin (a hanging
+    /// plugin cost its 10 s deadline for every quote of every row), said once in the
+    /// notes. A plugin's refusal of one quote is not. Kills: the cloud asked again on the
+    /// next row; the rest of the row asked; a refusal taken for a hang.
+    #[test]
+    fn a_cloud_whose_quote_hangs_or_traps_is_not_asked_again() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        let info = PluginInfo {
+            name: "c.wasm".into(),
+            kind: plugin::Kind::Cost,
+            contract: "0.3.0".into(),
+            source: plugin::Source::Embedded,
+            sha256: "00".into(),
+            bytes: 0,
+            shadows_embedded: false,
+        };
+        let offerings = [
+            offering("a", "H100", price("r", OnDemand, 10.0, &[])),
+            offering("b", "H100", price("r", OnDemand, 10.0, &[])),
+        ];
+        let hang = || plugin::Failure::Timeout { limit_ms: 10_000 };
+        let trap = || plugin::Failure::Trap { message: "unreachable".into(), stderr: String::new() };
+        let refuse = || plugin::Failure::Refused("sold out".into());
+        for (failure, gives_up) in [(hang as fn() -> plugin::Failure, true), (trap, true), (refuse, false)] {
+            let mut calls = 0;
+            let mut given_up = None;
+            let mut notes = QuoteNotes::default();
+            for gpus in [8, 16, 24] {
+                let got = cheapest_unless_given_up("c", &info, &offerings, &mut given_up, &ask(&gpu, gpus, 1.0, "r", OnDemand), &Assumptions::default(), &mut notes, |_| {
+                    calls += 1;
+                    Err(plugin::PluginError::new("c.wasm", "quote", failure()))
+                });
+                assert!(matches!(&got, CloudPrice::QuoteFailed { reason } if reason.starts_with("skipped a quote: plugin 'c.wasm'")), "{got:?}");
+            }
+            let notes = notes.finish();
+            if gives_up {
+                assert_eq!(calls, 1, "{failure:?}", failure = failure());
+                assert_eq!(notes.len(), 2, "{notes:?}");
+                assert!(notes[1].starts_with("c: not asked for quotes again in this run"), "{notes:?}");
+            } else {
+                assert_eq!(calls, 6, "a refusal is one quote's: each is asked");
+                assert_eq!(notes.len(), 1, "{notes:?}");
+            }
         }
     }
 
