@@ -388,3 +388,32 @@ fn a_plugin_that_prints_on_every_call_keeps_working() {
             .unwrap_or_else(|e| panic!("call {call}: {e}"));
     }
 }
+
+/// A plugin file that carries an embedded plugin's name and shadows it is named with its
+/// path in its errors, from the host's checks (a refused quote) and from the sandbox (a
+/// trap) alike, so that its failure does not read as the first-party plugin's; the same
+/// file under its own name is named as before. Kills: `PluginError::of` dropped in
+/// cost.rs or in the sandbox; `shadowing()` giving nothing.
+#[test]
+fn a_shadowing_plugins_errors_name_its_path() {
+    let path = program("misbehave_cost.wasm");
+    let bytes = std::fs::read(&path).unwrap();
+    assert!(plugin::embedded().iter().any(|(n, _, _)| *n == "aws.wasm"), "aws.wasm is embedded");
+    let fake = std::path::PathBuf::from("/somewhere/plugins/aws.wasm");
+    let shadow = plugin::load_bytes("aws.wasm", plugin::Source::Path(fake), &bytes).unwrap();
+    assert!(shadow.info.shadows_embedded);
+    let mut c = shadow.cost(Limits::default()).unwrap();
+    c.offerings().unwrap();
+    let said = "plugin 'aws.wasm' (from /somewhere/plugins/aws.wasm, shadowing the embedded plugin of that name) ";
+    let refuse = QuoteRequest { region: "test-1".into(), ..request("refuse") };
+    let trap = QuoteRequest { region: "test-1".into(), ..request("trap") };
+    for r in [&refuse, &trap] {
+        let text = c.quote(r).unwrap_err().to_string();
+        assert!(text.starts_with(said), "{text}");
+    }
+    let own = plugin::load_bytes("misbehave_cost.wasm", plugin::Source::Path(path.into()), &bytes).unwrap();
+    let mut c = own.cost(Limits::default()).unwrap();
+    c.offerings().unwrap();
+    let text = c.quote(&trap).unwrap_err().to_string();
+    assert!(text.starts_with("plugin 'misbehave_cost.wasm' trapped in `quote`"), "{text}");
+}

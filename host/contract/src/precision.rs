@@ -6,17 +6,28 @@
 /// A layer as alerts and the decisions table name it. Layer -1 holds what lies outside the
 /// transformer layers (wit/workload.wit: "-1 for embedding, head and loss"; `runner train`
 /// puts there the embedding, the final norm and the head, as GEMM site and gradient
-/// norm): "layers [-1, 0, ...]" read as a bug, so it is named in words.
+/// norm): "layers [-1, 0, ...]" read as a bug, so it is named in words. Only -1 is: a
+/// selector's layer -7 is no layer, and says so.
 pub fn layer_name(l: i32) -> String {
-    if l < 0 { "the embedding/head".to_string() } else { format!("layer {l}") }
+    match l {
+        -1 => "the embedding/head".to_string(),
+        ..-1 => format!("layer {l} (no such layer)"),
+        _ => format!("layer {l}"),
+    }
 }
 
 /// Layers in words: "layers [0, 2]", "the embedding/head", or "the embedding/head and
-/// layers [0, 2]" ([`layer_name`]); empty for none.
+/// layers [0, 2]" ([`layer_name`]); empty for none. Layers below -1 stay in the list and
+/// are said to be none: "layers [1000000, -7] (no layer -7)".
 pub fn layers_named(layers: &[i32]) -> String {
-    let inside: Vec<i32> = layers.iter().copied().filter(|l| *l >= 0).collect();
+    let inside: Vec<i32> = layers.iter().copied().filter(|l| *l != -1).collect();
     let outside = (layers.len() > inside.len()).then(|| layer_name(-1));
-    let inside = (!inside.is_empty()).then(|| format!("layers {inside:?}"));
+    let none: Vec<String> = inside.iter().filter(|l| **l < -1).map(i32::to_string).collect();
+    let inside = (!inside.is_empty()).then(|| match none.len() {
+        0 => format!("layers {inside:?}"),
+        1 => format!("layers {inside:?} (no layer {})", none[0]),
+        _ => format!("layers {inside:?} (no layers {})", none.join(", ")),
+    });
     match (outside, inside) {
         (Some(o), Some(i)) => format!("{o} and {i}"),
         (Some(o), None) => o,

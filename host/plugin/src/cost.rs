@@ -46,9 +46,9 @@ impl Plugin {
         self.expect_kind(Kind::Cost)?;
         let name = &self.info.name;
         let instance = match &self.pre {
-            Pre::CostV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits)),
-            Pre::CostV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits)),
-            Pre::CostV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
+            Pre::CostV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
+            Pre::CostV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
+            Pre::CostV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
         };
         Ok(CostModel {
@@ -112,7 +112,7 @@ impl CostModel {
     /// a list price of 0, would have no floor: a hostile plugin could quote 1e-300 USD);
     /// else the plugin's own failure, or the contract rule its quote breaks.
     pub fn quote(&mut self, request: &QuoteRequest) -> Result<Quote, PluginError> {
-        listed_price(request, self.listed.as_deref()).map_err(|m| PluginError::new(&self.info.name, "quote", Failure::NotAsked(m)))?;
+        listed_price(request, self.listed.as_deref()).map_err(|m| PluginError::new(&self.info.name, "quote", Failure::NotAsked(m)).of(&self.info))?;
         let result = alike!(&mut self.instance, [V3, V2] |s| s.call("quote", |s, p| {
                 p.runner_plugin_cost_model().call_quote(s, request)
             })?,
@@ -125,13 +125,13 @@ impl CostModel {
             }
         );
         let quote =
-            result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)))?;
+            result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)).of(&self.info))?;
         validate_quote(request, &quote, self.listed.as_deref().unwrap_or_default()).map_err(|m| self.invalid("quote", m))?;
         Ok(quote)
     }
 
     fn invalid(&self, call: &str, rule: String) -> PluginError {
-        PluginError::new(&self.info.name, call, Failure::Invalid(rule))
+        PluginError::new(&self.info.name, call, Failure::Invalid(rule)).of(&self.info)
     }
 }
 

@@ -35,6 +35,9 @@ pub struct PluginError {
     pub plugin: String,
     pub call: String,
     pub failure: Failure,
+    /// Where a plugin that shadows an embedded one of its name was read from: its errors
+    /// say so, or they would read as the first-party plugin's.
+    pub shadowing: Option<String>,
 }
 
 impl PluginError {
@@ -43,19 +46,31 @@ impl PluginError {
             plugin: plugin.to_string(),
             call: call.to_string(),
             failure,
+            shadowing: None,
         }
+    }
+
+    /// The error of the plugin `info` describes: one that shadows an embedded plugin is
+    /// named with its path.
+    pub fn of(mut self, info: &crate::PluginInfo) -> PluginError {
+        self.shadowing = info.shadowing();
+        self
     }
 }
 
 impl fmt::Display for PluginError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let plugin = runner_contract::text::escape(&self.plugin, 128);
+        // The name in quotes, a shadow's path after them.
+        let mut plugin = format!("'{}'", runner_contract::text::escape(&self.plugin, 128));
+        if let Some(path) = &self.shadowing {
+            plugin += &format!(" (from {}, shadowing the embedded plugin of that name)", runner_contract::text::escape(path, 512));
+        }
         let call = &self.call;
         match &self.failure {
-            Failure::Load(m) => write!(f, "plugin '{plugin}' could not be loaded: {m}"),
-            Failure::Contract(m) => write!(f, "plugin '{plugin}' is incompatible: {m}"),
+            Failure::Load(m) => write!(f, "plugin {plugin} could not be loaded: {m}"),
+            Failure::Contract(m) => write!(f, "plugin {plugin} is incompatible: {m}"),
             Failure::Trap { message, stderr } => {
-                write!(f, "plugin '{plugin}' trapped in `{call}`: {message}")?;
+                write!(f, "plugin {plugin} trapped in `{call}`: {message}")?;
                 // Rust's hint to set RUST_BACKTRACE means nothing inside the sandbox.
                 // The sandbox escapes what the plugin printed: its line breaks read `\n`.
                 let mut kept: Vec<String> = stderr
@@ -71,26 +86,28 @@ impl fmt::Display for PluginError {
                 }
                 let stderr = kept.join("\n");
                 let stderr = stderr.trim();
+                // Each part ends with `;` before its line break: a note that wraps the
+                // message into one paragraph (explore's) would run the parts together.
                 if !stderr.is_empty() {
-                    write!(f, "\n  plugin stderr: {}", stderr.replace('\n', "\n    "))?;
+                    write!(f, ";\n  plugin stderr: {}", stderr.replace('\n', "\n    "))?;
                 }
                 write!(
                     f,
-                    "\n  the instance was discarded; fix the plugin or leave it out of the run"
+                    ";\n  the instance was discarded; fix the plugin or leave it out of the run"
                 )
             }
             Failure::Timeout { limit_ms } => write!(
                 f,
-                "plugin '{plugin}' ran past its time limit of {limit_ms} ms in `{call}` and was stopped \
-                 (raise `call_timeout_ms` under [limits] in the run file if the plugin is just slow)"
+                "plugin {plugin} ran past its time limit of {limit_ms} ms in `{call}` and was stopped \
+                 (if the plugin is just slow, raise `call_timeout_ms` under [limits] in a run file and run it with `runner run FILE`)"
             ),
             Failure::OutOfMemory { limit_mib } => write!(
                 f,
-                "plugin '{plugin}' tried to use more than its memory cap of {limit_mib} MiB in `{call}` and was stopped \
-                 (raise `memory_mib` under [limits] in the run file if the plugin really needs more)"
+                "plugin {plugin} tried to use more than its memory cap of {limit_mib} MiB in `{call}` and was stopped \
+                 (if the plugin really needs more, raise `memory_mib` under [limits] in a run file and run it with `runner run FILE`)"
             ),
             Failure::HostMemory(m) => {
-                write!(f, "the host could not map memory for plugin '{plugin}' in `{call}`: {m}")?;
+                write!(f, "the host could not map memory for plugin {plugin} in `{call}`: {m}")?;
                 match crate::engine::address_space_limit() {
                     Some(limit) => write!(
                         f,
@@ -104,15 +121,15 @@ impl fmt::Display for PluginError {
             Failure::Invalid(rule) => {
                 write!(
                     f,
-                    "plugin '{plugin}' returned an invalid value from `{call}`: {rule}"
+                    "plugin {plugin} returned an invalid value from `{call}`: {rule}"
                 )
             }
             Failure::Refused(m) => write!(
                 f,
-                "plugin '{plugin}' refused `{call}`: {}",
+                "plugin {plugin} refused `{call}`: {}",
                 runner_contract::text::escape(m, runner_contract::text::MAX_TEXT)
             ),
-            Failure::NotAsked(m) => write!(f, "plugin '{plugin}' was not asked for `{call}`: {m}"),
+            Failure::NotAsked(m) => write!(f, "plugin {plugin} was not asked for `{call}`: {m}"),
         }
     }
 }
@@ -181,6 +198,35 @@ mod tests {
             assert!(!text.contains('\u{1b}'), "{text:?}");
             assert!(!in_call || text.contains("`graph`"), "{text}");
         }
+    }
+
+    /// The limits' hints name a run file as one to write, not "the run file": `explore`,
+    /// `prices` and the default run have none, and no flag sets the limits. Kills: "the run
+    /// file" again.
+    #[test]
+    fn the_limits_hints_say_how_to_use_a_run_file() {
+        for failure in [Failure::Timeout { limit_ms: 10_000 }, Failure::OutOfMemory { limit_mib: 256 }] {
+            let text = PluginError::new("x.wasm", "quote", failure).to_string();
+            assert!(text.contains("under [limits] in a run file and run it with `runner run FILE`"), "{text}");
+            assert!(!text.contains("the run file"), "{text}");
+        }
+    }
+
+    /// A trap's parts (the trap, the plugin's stderr, what the host did) are each closed by
+    /// `;`: a note that wraps the message into one paragraph keeps them apart ("executed;
+    /// plugin stderr: ...; the instance was discarded"). Kills: a part's `;` dropped.
+    #[test]
+    fn a_traps_parts_are_kept_apart_when_the_message_is_one_paragraph() {
+        let trap = Failure::Trap { message: "wasm trap: unreachable executed".into(), stderr: "thread panicked at x:\\ncapacity overflow".into() };
+        let text = PluginError::new("x.wasm", "quote", trap).to_string();
+        let one: Vec<&str> = text.split_whitespace().collect();
+        assert_eq!(
+            one.join(" "),
+            "plugin 'x.wasm' trapped in `quote`: wasm trap: unreachable executed; plugin stderr: thread panicked at x: \
+             capacity overflow; the instance was discarded; fix the plugin or leave it out of the run"
+        );
+        let bare = PluginError::new("x.wasm", "quote", Failure::Trap { message: "unreachable".into(), stderr: String::new() }).to_string();
+        assert!(bare.split_whitespace().collect::<Vec<_>>().join(" ").contains("unreachable; the instance was discarded"), "{bare}");
     }
 
     /// Up to 30 lines of stderr are shown whole; from 31 the first 5 and the last 20.

@@ -107,6 +107,11 @@ pub struct PluginInfo {
 }
 
 impl PluginInfo {
+    /// Where it was read from, if it shadows an embedded plugin of its name (for its errors).
+    pub fn shadowing(&self) -> Option<String> {
+        self.shadows_embedded.then(|| self.source.to_string())
+    }
+
     /// One line for the notes of an output: name, kind, contract, where from, sha256.
     pub fn provenance(&self) -> String {
         format!(

@@ -45,9 +45,9 @@ impl Plugin {
         self.expect_kind(Kind::Precision)?;
         let name = &self.info.name;
         let instance = match &self.pre {
-            Pre::PrecisionV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits)),
-            Pre::PrecisionV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits)),
-            Pre::PrecisionV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
+            Pre::PrecisionV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
+            Pre::PrecisionV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
+            Pre::PrecisionV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
         };
         Ok(PrecisionPolicy {
@@ -69,7 +69,7 @@ impl PrecisionPolicy {
                 })?,
         );
         runner_contract::text::free("the policy name", &name)
-            .map_err(|m| PluginError::new(&self.info.name, "name", Failure::Invalid(m)))?;
+            .map_err(|m| PluginError::new(&self.info.name, "name", Failure::Invalid(m)).of(&self.info))?;
         Ok(name)
     }
 
@@ -85,9 +85,9 @@ impl PrecisionPolicy {
                 .map(adapt::v1::plan_response)
             }
         );
-        let r = r.map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Refused(m)))?;
+        let r = r.map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Refused(m)).of(&self.info))?;
         validate_plan(request, &r)
-            .map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Invalid(m)))?;
+            .map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Invalid(m)).of(&self.info))?;
         Ok(r)
     }
 
@@ -103,9 +103,9 @@ impl PrecisionPolicy {
                 .map(adapt::v1::step_response)
             }
         );
-        let r = r.map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Refused(m)))?;
+        let r = r.map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Refused(m)).of(&self.info))?;
         validate_step(&r)
-            .map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Invalid(m)))?;
+            .map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Invalid(m)).of(&self.info))?;
         Ok(r)
     }
 }

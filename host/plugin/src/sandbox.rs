@@ -297,6 +297,8 @@ world! {
 /// One sandboxed plugin instance, re-created after a trap or when it has grown too big.
 pub struct Sandboxed<W: World> {
     name: String,
+    /// The path of a plugin that shadows an embedded one (see [`PluginError::of`]).
+    shadowing: Option<String>,
     limits: Limits,
     pre: W::Pre,
     live: Option<(Store<HostState>, W)>,
@@ -309,11 +311,18 @@ impl<W: World> Sandboxed<W> {
     pub fn new(name: &str, pre: W::Pre, limits: Limits) -> Sandboxed<W> {
         Sandboxed {
             name: name.to_string(),
+            shadowing: None,
             limits,
             pre,
             live: None,
             input: None,
         }
+    }
+
+    /// Name `info`'s path in errors if it shadows an embedded plugin.
+    pub fn of(mut self, info: &crate::PluginInfo) -> Sandboxed<W> {
+        self.shadowing = info.shadowing();
+        self
     }
 
     /// Give every instance `data` on its standard input.
@@ -399,7 +408,7 @@ impl<W: World> Sandboxed<W> {
                 },
             }
         };
-        PluginError::new(&self.name, call, failure)
+        PluginError { shadowing: self.shadowing.clone(), ..PluginError::new(&self.name, call, failure) }
     }
 }
 

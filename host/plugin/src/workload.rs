@@ -61,9 +61,9 @@ impl Plugin {
         self.expect_kind(Kind::Workload)?;
         let name = &self.info.name;
         let instance = match &self.pre {
-            Pre::WorkloadV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits)),
-            Pre::WorkloadV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits)),
-            Pre::WorkloadV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
+            Pre::WorkloadV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
+            Pre::WorkloadV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
+            Pre::WorkloadV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits).of(&self.info)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
         };
         Ok(Workload {
@@ -111,7 +111,7 @@ impl Workload {
             Instance::V1(s) => {
                 let old =
                     adapt::v1::graph_request(&adapt::v2::graph_request(request)).map_err(|m| {
-                        PluginError::new(&self.info.name, "graph", Failure::Contract(m))
+                        PluginError::new(&self.info.name, "graph", Failure::Contract(m)).of(&self.info)
                     })?;
                 s.call("graph", |s, p| {
                     p.runner_plugin_workload().call_graph(s, &old)
@@ -120,7 +120,7 @@ impl Workload {
             }
         };
         let graph =
-            result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)))?;
+            result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)).of(&self.info))?;
         let graph = graph_to_ir(graph).map_err(|m| self.invalid("graph", m))?;
         runner_graph::validate::validate(&graph)
             .map_err(|e| self.invalid("graph", e.to_string()))?;
@@ -128,7 +128,7 @@ impl Workload {
     }
 
     fn invalid(&self, call: &str, rule: String) -> PluginError {
-        PluginError::new(&self.info.name, call, Failure::Invalid(rule))
+        PluginError::new(&self.info.name, call, Failure::Invalid(rule)).of(&self.info)
     }
 }
 

@@ -600,11 +600,10 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
         }
         Kind::Precision => {
             let name = p.precision(limits)?.name()?;
-            let t = Table {
-                title,
-                notes: vec![name.clone()],
-                ..Table::default()
-            };
+            // A labelled row: the name alone as a note printed a header of nothing and
+            // `note: <name>` (a bare `note: ` for an empty name).
+            let mut t = Table::new(title, &["policy name"]);
+            t.rows.push(vec![if name.is_empty() { "(empty)".to_string() } else { name.clone() }]);
             emit(
                 global,
                 &t,
@@ -720,23 +719,33 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                 k: 4096,
             })
             .collect();
-            let plan = pp.plan(&PlanRequest {
-                model: "sample".into(),
-                layers: 1,
-                device: device_capabilities("B200"),
-                sites,
-                state: Vec::new(),
+            // Planned for a B200 (every format native) and for an H100 (no FP4 path), the
+            // commonest GPU: a policy that plans NVFP4 everywhere passed on a B200 alone
+            // and was then refused on every H100 in a run.
+            let plans = ["B200", "H100"].map(|gpu| {
+                let plan = pp.plan(&PlanRequest {
+                    model: "sample".into(),
+                    layers: 1,
+                    device: device_capabilities(gpu),
+                    sites: sites.clone(),
+                    state: Vec::new(),
+                });
+                let what = if gpu == "B200" { "every format native" } else { "no FP4 tensor cores" };
+                let outcome = match &plan {
+                    Ok(r) => Ok(r.sites.first().map_or(String::new(), |s| format!("weights in {}", dtype_name(s.weight.format)))),
+                    // A policy may decline a GPU (a Blackwell-only recipe on Hopper): its
+                    // runs leave that GPU out with its reason. A plan the GPU cannot run
+                    // is the policy's bug: every run on it is refused.
+                    Err(plugin::PluginError { failure: plugin::Failure::Refused(m), .. }) if gpu != "B200" => {
+                        Ok(format!("declines this GPU: {}", runner_contract::text::escape(m, 200)))
+                    }
+                    Err(e) => Err(e.clone()),
+                };
+                check(&format!("plan (3 sites, {gpu}: {what})"), outcome);
+                plan
             });
-            check(
-                "plan (3 sites, B200: every format native)",
-                plan.as_ref()
-                    .map(|r| {
-                        r.sites.first().map_or(String::new(), |s| {
-                            format!("weights in {}", dtype_name(s.weight.format))
-                        })
-                    })
-                    .map_err(Clone::clone),
-            );
+            // The step is checked on the B200's plan.
+            let [plan, _] = plans;
             let (plan, state) = plan.map(|p| (p.sites, p.state)).unwrap_or_default();
             let metrics = healthy_step(1, plan, state);
             check(

@@ -91,7 +91,7 @@ pub struct QuickRun {
     /// GPU counts, comma-separated (rounded up to whole nodes)
     #[arg(long, value_delimiter = ',', value_parser = gpu_count)]
     pub gpus: Option<Vec<u32>>,
-    /// Precisions, comma-separated: bf16, fp8, fp8-cs, mxfp8, nvfp4 (default bf16,fp8)
+    /// Precisions, comma-separated: bf16, fp8, fp8-cs, mxfp8, nvfp4 (default bf16,fp8); each uses the policy of its name (fp8.wasm); another precision plugin goes in a run file's [precision] plugin
     #[arg(long, value_delimiter = ',')]
     pub precision: Option<Vec<String>>,
     /// Global batch in sequences (default: the variant's published rule; outside its GPU range, scaled per GPU up to the job's compute-optimal batch)

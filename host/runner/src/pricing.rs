@@ -193,6 +193,10 @@ pub struct Cloud {
     pub info: PluginInfo,
     model: CostModel,
     offerings: Vec<Offering>,
+    /// Why it is not asked again: its first quote that ran past the deadline, trapped or
+    /// ran out of memory. Such a plugin would cost the deadline again for every quote of
+    /// every row (a hanging one 10 s each), as `offerings` failing leaves a cloud out.
+    given_up: Option<String>,
 }
 
 /// A price's region for "the same price in every region" (Lambda's list).
@@ -252,7 +256,7 @@ pub fn load(spec: &str, input: Option<Vec<u8>>, limits: Limits) -> Result<Cloud,
     };
     let provider = model.provider()?;
     let offerings = model.offerings()?;
-    Ok(Cloud { name: provider.name, info, model, offerings })
+    Ok(Cloud { name: provider.name, info, model, offerings, given_up: None })
 }
 
 /// Quote failures, said once each and at most [`QuoteNotes::MAX`] times in all: a plugin
@@ -327,10 +331,59 @@ fn category(c: LineCategory) -> &'static str {
 impl Cloud {
     /// The cheapest quote for `ask`: among clean prices first; among caveated ones (the
     /// quote then carries the caveats) only when there is no clean one.
+    ///
+    /// After a quote that hung, trapped or ran out of memory the cloud is not asked again
+    /// in this run: each later row fails at once with that first failure (said once in the
+    /// notes).
     pub fn cheapest(&mut self, ask: &Ask<'_>, assumptions: &Assumptions, notes: &mut QuoteNotes) -> CloudPrice {
-        let Cloud { name, info, model, offerings } = self;
-        cheapest_of(name, info, offerings, ask, assumptions, notes, |request| model.quote(request))
+        let Cloud { name, info, model, offerings, given_up } = self;
+        cheapest_unless_given_up(name, info, offerings, given_up, ask, assumptions, notes, |request| model.quote(request))
     }
+}
+
+/// [`cheapest_of`], unless `given_up` says why the cloud is not asked again; sets it on a
+/// quote that hung, trapped or ran out of memory.
+#[allow(clippy::too_many_arguments, reason = "Cloud::cheapest's fields, apart so that a test can stand in for the plugin")]
+fn cheapest_unless_given_up(
+    name: &str,
+    info: &PluginInfo,
+    offerings: &[Offering],
+    given_up: &mut Option<String>,
+    ask: &Ask<'_>,
+    assumptions: &Assumptions,
+    notes: &mut QuoteNotes,
+    mut quote: impl FnMut(&QuoteRequest) -> Result<crate::plugin::cost::Quote, plugin::PluginError>,
+) -> CloudPrice {
+    if let Some(reason) = given_up {
+        return CloudPrice::QuoteFailed { reason: reason.clone() };
+    }
+    let mut broken: Option<plugin::PluginError> = None;
+    let price = cheapest_of(name, info, offerings, ask, assumptions, notes, |request| give_up_after(&mut broken, || quote(request)));
+    if let Some(e) = broken {
+        // The row's reason is the failure's note, which the notes say once.
+        *given_up = Some(format!("skipped a quote: {e}"));
+        notes.push(format!("{name}: not asked for quotes again in this run after that failure: its later rows say failed"));
+    }
+    price
+}
+
+/// `quote()`, unless an earlier call of the same cloud hung, trapped or ran out of memory:
+/// then that failure again, without calling the plugin. The first such failure is kept in
+/// `broken`.
+fn give_up_after(
+    broken: &mut Option<plugin::PluginError>,
+    quote: impl FnOnce() -> Result<crate::plugin::cost::Quote, plugin::PluginError>,
+) -> Result<crate::plugin::cost::Quote, plugin::PluginError> {
+    if let Some(e) = broken {
+        return Err(e.clone());
+    }
+    let got = quote();
+    if let Err(e) = &got
+        && matches!(e.failure, plugin::Failure::Timeout { .. } | plugin::Failure::Trap { .. } | plugin::Failure::OutOfMemory { .. })
+    {
+        *broken = Some(e.clone());
+    }
+    got
 }
 
 /// [`Cloud::cheapest`] over `offerings`, each quote asked of `quote` (the cloud's plugin; a
@@ -344,24 +397,31 @@ fn cheapest_of(
     notes: &mut QuoteNotes,
     mut quote: impl FnMut(&QuoteRequest) -> Result<crate::plugin::cost::Quote, plugin::PluginError>,
 ) -> CloudPrice {
-    let mut best: [Option<CloudCost>; 2] = [None, None];
-    let mut asked = 0;
-    let mut failure = None;
+    // Every price that could answer the row, with its list-price floor: the contract
+    // refuses a USD quote below the list price of what was asked (`validate_quote`, checked
+    // on every quote the host takes), so no quote of a price can beat its floor. Quoting
+    // in the order of the floors and stopping at the first floor above the best quote
+    // finds the quote the exhaustive loop would, in a call or two for honest plugins,
+    // where a list of 4096 offerings in 64 regions took 256 calls a row (52 s).
+    struct Candidate<'a> {
+        offering: &'a Offering,
+        price: &'a crate::plugin::cost::Price,
+        nodes: u32,
+        hours: f64,
+        floor: f64,
+        /// Clean prices (0) before caveated ones (1).
+        slot: usize,
+        /// Its place in the list's order.
+        met: usize,
+    }
+    let mut candidates = Vec::new();
     let mut any = false;
-    // Currencies other than USD that quotes came back in: a cloud that quotes only in
-    // them is not one whose quotes failed for no reason.
-    let mut currencies = std::collections::BTreeSet::new();
-    'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu) && same_node(o, ask.gpu)) {
+    for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu) && same_node(o, ask.gpu)) {
         let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
             continue;
         };
         for p in o.prices.iter().filter(|p| p.option == ask.option && in_region(&p.region, ask.region)) {
             any = true;
-            if asked == MAX_QUOTES {
-                notes.push(format!("{name}: stopped after {MAX_QUOTES} quotes for {} GPUs", ask.gpus));
-                break 'offerings;
-            }
-            asked += 1;
             let hours = if ask.option == PurchaseOption::Spot {
                 match assumptions.spot_hours(ask.hours, nodes) {
                     Some(h) => h,
@@ -375,30 +435,67 @@ fn cheapest_of(
             } else {
                 ask.hours
             };
-            // Checkpoints and data are kept for as long as the run takes: a spot run's
-            // interruptions lengthen it, and its storage with it.
-            let storage_gb_months = if ask.hours > 0.0 { ask.storage_gb_months * hours / ask.hours } else { ask.storage_gb_months };
-            let request = QuoteRequest {
-                instance: o.instance.clone(),
-                gpus: ask.gpus,
-                nodes,
-                hours,
-                region: p.region.clone(),
-                option: ask.option,
-                start_date: String::new(),
-                storage_gb_months,
-                egress_gb: ask.egress_gb,
-            };
-            match quote(&request) {
-                Ok(q) if q.currency != "USD" => {
-                    notes.push(format!("{name}: a quote in {} is not compared with USD quotes", q.currency));
-                    currencies.insert(q.currency);
-                }
-                Ok(q) => {
-                    let caveats: Vec<String> = p.caveats.iter().map(|c| caveat_name(*c).to_string()).collect();
-                    let slot = usize::from(!caveats.is_empty());
-                    if best[slot].as_ref().is_none_or(|b| q.total < b.usd) {
-                        best[slot] = Some(CloudCost {
+            // `list_price_floor` of the request, without its search of the list by name.
+            let billed_h = runner_contract::cost::billed_seconds(hours, p.billing_increment_s, p.minimum_charge_s) / 3600.0;
+            let floor = f64::from(nodes) * (billed_h * p.usd_per_node_hour + p.upfront_usd_per_node);
+            candidates.push(Candidate { offering: o, price: p, nodes, hours, floor, slot: usize::from(!p.caveats.is_empty()), met: candidates.len() });
+        }
+    }
+    // Stable: among equal floors the list's order, as the exhaustive loop met them.
+    candidates.sort_by(|a, b| a.slot.cmp(&b.slot).then(a.floor.total_cmp(&b.floor)));
+    // With each best, the candidate's place in the list's order: of equal totals the one
+    // met first is kept, as the exhaustive loop kept it.
+    let mut best: [Option<(CloudCost, usize)>; 2] = [None, None];
+    let mut asked = 0;
+    let mut failure = None;
+    // Currencies other than USD that quotes came back in: a cloud that quotes only in
+    // them is not one whose quotes failed for no reason.
+    let mut currencies = std::collections::BTreeSet::new();
+    for c in &candidates {
+        // A clean quote is taken over any caveated one: those are not asked.
+        if c.slot == 1 && best[0].is_some() {
+            break;
+        }
+        // The contract's own tolerance (`validate_quote`): a quote may fall short of the
+        // floor by a part in 1e9.
+        if best[c.slot].as_ref().is_some_and(|(b, _)| c.floor * (1.0 - 1e-9) - 1e-9 > b.usd) {
+            if c.slot == 0 {
+                break;
+            }
+            continue;
+        }
+        if asked == MAX_QUOTES {
+            notes.push(format!("{name}: stopped after {MAX_QUOTES} quotes for {} GPUs", ask.gpus));
+            break;
+        }
+        asked += 1;
+        let (o, p, nodes, hours) = (c.offering, c.price, c.nodes, c.hours);
+        // Checkpoints and data are kept for as long as the run takes: a spot run's
+        // interruptions lengthen it, and its storage with it.
+        let storage_gb_months = if ask.hours > 0.0 { ask.storage_gb_months * hours / ask.hours } else { ask.storage_gb_months };
+        let request = QuoteRequest {
+            instance: o.instance.clone(),
+            gpus: ask.gpus,
+            nodes,
+            hours,
+            region: p.region.clone(),
+            option: ask.option,
+            start_date: String::new(),
+            storage_gb_months,
+            egress_gb: ask.egress_gb,
+        };
+        match quote(&request) {
+            Ok(q) if q.currency != "USD" => {
+                notes.push(format!("{name}: a quote in {} is not compared with USD quotes", q.currency));
+                currencies.insert(q.currency);
+            }
+            Ok(q) => {
+                let caveats: Vec<String> = p.caveats.iter().map(|c| caveat_name(*c).to_string()).collect();
+                let slot = c.slot;
+                let met = c.met;
+                if best[slot].as_ref().is_none_or(|(b, first)| q.total < b.usd || (q.total == b.usd && met < *first)) {
+                    best[slot] = Some((
+                        CloudCost {
                             cloud: name.to_string(),
                             plugin: info.name.clone(),
                             plugin_sha256: info.sha256.clone(),
@@ -428,17 +525,19 @@ fn cheapest_of(
                                 })
                                 .collect(),
                             warnings: q.warnings.clone(),
-                        });
-                    }
+                        },
+                        met,
+                    ));
                 }
-                Err(e) => {
-                    let line = format!("skipped a quote: {e}");
-                    failure.get_or_insert_with(|| line.clone());
-                    notes.push(line);
-                }
+            }
+            Err(e) => {
+                let line = format!("skipped a quote: {e}");
+                failure.get_or_insert_with(|| line.clone());
+                notes.push(line);
             }
         }
     }
+    let best = best.map(|b| b.map(|(c, _)| c));
     let [clean, caveated] = best;
     match (clean.or(caveated), failure) {
         (Some(c), _) => CloudPrice::Quoted(c),
@@ -771,7 +870,9 @@ pub(crate) mod tests {
         // 16 GPUs: 2 nodes for 10 h, 3 GB-months stored and 7 GB out.
         let (got, requests, _) = priced(&offerings, &ask(&gpu, 16, 10.0, "us-east-1", OnDemand), &Assumptions::default(), |_| None);
         let asked: Vec<(&str, &str)> = requests.iter().map(|r| (r.instance.as_str(), r.region.as_str())).collect();
-        assert_eq!(asked, [("dear", "us-east-1"), ("resale", "us-east-1"), ("flat", "*"), ("alias", "us-east-1")]);
+        // Asked cheapest list price first, and no further: alias's floor ($1800) is above
+        // flat's quote, and the caveated resale is not asked with a clean quote in hand.
+        assert_eq!(asked, [("flat", "*")]);
         assert!(requests.iter().all(|r| (r.nodes, r.hours, r.storage_gb_months, r.egress_gb) == (2, 10.0, 3.0, 7.0)), "{requests:?}");
         let CloudPrice::Quoted(q) = got else { panic!("{got:?}") };
         // 2 nodes x 10 h x $80, $0.30 stored, $0.35 out.
@@ -874,6 +975,158 @@ pub(crate) mod tests {
         assert_eq!(requests.len(), 256);
         assert!(got.quote().is_some());
         assert_eq!(notes, ["c: stopped after 256 quotes for 8 GPUs"]);
+    }
+
+    /// Quotes are asked in the order of their list-price floors and stop at the first floor
+    /// above the best quote: over a generated list (several regions, options, caveats,
+    /// billing increments, minimums and upfront payments, honest quotes at or above the list
+    /// price) the cheapest quote is the exhaustive loop's, to the instance, region and cent,
+    /// for a fraction of the calls. Kills: stopping at the first quote; no stopping (the
+    /// count); floors without the billing increment or the upfront part; ties not kept in
+    /// the list's order.
+    #[test]
+    fn the_cheapest_quote_is_the_exhaustive_ones_for_a_few_calls() {
+        use PurchaseOption::{CapacityBlock, OnDemand, Spot};
+        let gpu = h100();
+        // A small deterministic generator (xorshift): the same list every run.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut offerings = Vec::new();
+        for i in 0..60 {
+            let mut o = offering(&format!("i{i}"), "H100", price("r0", OnDemand, 10.0, &[]));
+            o.prices = (0..12)
+                .map(|r| {
+                    let option = [OnDemand, Spot, CapacityBlock][usize::try_from(next(3)).unwrap()];
+                    let caveats: &[PriceCaveat] = if next(5) == 0 { &[PriceCaveat::Resale] } else { &[] };
+                    let mut p = price(&format!("r{r}"), option, 20.0 + next(400) as f64 / 10.0, caveats);
+                    p.billing_increment_s = [1, 60, 3600][usize::try_from(next(3)).unwrap()];
+                    p.minimum_charge_s = [0, 3600, 86_400][usize::try_from(next(3)).unwrap()];
+                    p.upfront_usd_per_node = [0.0, 50.0][usize::try_from(next(2)).unwrap()];
+                    p
+                })
+                .collect();
+            offerings.push(o);
+        }
+        // Two equal offerings, the cheapest on demand: of equal totals the first in the list
+        // is kept.
+        for p in offerings[3].prices.iter_mut().filter(|p| p.option == OnDemand) {
+            p.usd_per_node_hour = 5.0;
+            p.caveats.clear();
+        }
+        let mut twin = offerings[3].clone();
+        twin.instance = "twin".into();
+        offerings.insert(2, twin);
+        // Honest: the list price of what was asked, a surcharge of up to 5 % by region,
+        // and storage and egress.
+        let honest = |r: &QuoteRequest| {
+            let floor = crate::plugin::cost::list_price_floor(r, &offerings).unwrap();
+            let surcharge = 1.0 + r.region.bytes().map(u64::from).sum::<u64>() as f64 % 6.0 / 100.0;
+            let compute = floor * surcharge;
+            let lines = vec![QuoteLine {
+                item: "compute".into(),
+                category: LineCategory::Compute,
+                quantity: 1.0,
+                unit: "run".into(),
+                amount: compute,
+                estimate: false,
+                caveats: Vec::new(),
+            }];
+            let total = compute + 0.1 * r.storage_gb_months + 0.05 * r.egress_gb;
+            Some(Ok(Quote { currency: "USD".into(), lines, total, warnings: Vec::new() }))
+        };
+        for (region, option, gpus, hours) in
+            [("", OnDemand, 16, 10.0), ("r3", OnDemand, 8, 0.3), ("", Spot, 64, 100.0), ("", CapacityBlock, 8, 2.0), ("r5", Spot, 8, 30.0)]
+        {
+            let ask = ask(&gpu, gpus, hours, region, option);
+            let (got, requests, _) = priced(&offerings, &ask, &Assumptions::default(), honest);
+            // The exhaustive loop: every price quoted, the cheapest clean one kept (the first
+            // met of equal totals), else the cheapest caveated one.
+            let mut all: Vec<(usize, f64, &str, &str)> = Vec::new();
+            for o in &offerings {
+                let nodes = crate::plugin::cost::nodes_for(o, gpus).unwrap();
+                for p in o.prices.iter().filter(|p| p.option == option && in_region(&p.region, region)) {
+                    let h = if option == Spot { Assumptions::default().spot_hours(hours, nodes).unwrap() } else { hours };
+                    let s = ask.storage_gb_months * h / hours;
+                    let r = QuoteRequest {
+                        instance: o.instance.clone(),
+                        gpus,
+                        nodes,
+                        hours: h,
+                        region: p.region.clone(),
+                        option,
+                        start_date: String::new(),
+                        storage_gb_months: s,
+                        egress_gb: ask.egress_gb,
+                    };
+                    let total = honest(&r).unwrap().unwrap().total;
+                    all.push((usize::from(!p.caveats.is_empty()), total, o.instance.as_str(), p.region.as_str()));
+                }
+            }
+            let slot = all.iter().map(|a| a.0).min().unwrap();
+            let mut want = None::<(usize, f64, &str, &str)>;
+            for a in all.iter().filter(|a| a.0 == slot) {
+                if want.is_none_or(|w| a.1 < w.1) {
+                    want = Some(*a);
+                }
+            }
+            let want = want.unwrap();
+            let q = got.quote().unwrap_or_else(|| panic!("{got:?}"));
+            assert_eq!((q.instance.as_str(), q.region.as_str(), q.usd), (want.2, want.3, want.1), "{region} {option:?} {gpus}");
+            assert!(requests.len() * 4 <= all.len(), "{} quotes of {} prices", requests.len(), all.len());
+        }
+    }
+
+    /// A quote that hangs, traps or runs out of memory is the cloud's last: the rest of that
+    /// row's quotes and every later row fail with it without calling the plugin (a hanging
+    /// plugin cost its 10 s deadline for every quote of every row), said once in the
+    /// notes. A plugin's refusal of one quote is not. Kills: the cloud asked again on the
+    /// next row; the rest of the row asked; a refusal taken for a hang.
+    #[test]
+    fn a_cloud_whose_quote_hangs_or_traps_is_not_asked_again() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        let info = PluginInfo {
+            name: "c.wasm".into(),
+            kind: plugin::Kind::Cost,
+            contract: "0.3.0".into(),
+            source: plugin::Source::Embedded,
+            sha256: "00".into(),
+            bytes: 0,
+            shadows_embedded: false,
+        };
+        let offerings = [
+            offering("a", "H100", price("r", OnDemand, 10.0, &[])),
+            offering("b", "H100", price("r", OnDemand, 10.0, &[])),
+        ];
+        let hang = || plugin::Failure::Timeout { limit_ms: 10_000 };
+        let trap = || plugin::Failure::Trap { message: "unreachable".into(), stderr: String::new() };
+        let refuse = || plugin::Failure::Refused("sold out".into());
+        for (failure, gives_up) in [(hang as fn() -> plugin::Failure, true), (trap, true), (refuse, false)] {
+            let mut calls = 0;
+            let mut given_up = None;
+            let mut notes = QuoteNotes::default();
+            for gpus in [8, 16, 24] {
+                let got = cheapest_unless_given_up("c", &info, &offerings, &mut given_up, &ask(&gpu, gpus, 1.0, "r", OnDemand), &Assumptions::default(), &mut notes, |_| {
+                    calls += 1;
+                    Err(plugin::PluginError::new("c.wasm", "quote", failure()))
+                });
+                assert!(matches!(&got, CloudPrice::QuoteFailed { reason } if reason.starts_with("skipped a quote: plugin 'c.wasm'")), "{got:?}");
+            }
+            let notes = notes.finish();
+            if gives_up {
+                assert_eq!(calls, 1, "{failure:?}", failure = failure());
+                assert_eq!(notes.len(), 2, "{notes:?}");
+                assert!(notes[1].starts_with("c: not asked for quotes again in this run"), "{notes:?}");
+            } else {
+                assert_eq!(calls, 6, "a refusal is one quote's: each is asked");
+                assert_eq!(notes.len(), 1, "{notes:?}");
+            }
+        }
     }
 
     /// A note is said once, and past 20 the rest are counted, each once.
@@ -1095,7 +1348,8 @@ pub(crate) mod tests {
         let gpu = h100();
         let offerings = [
             offering("lower", "h100", price("r", OnDemand, 10.0, &[])),
-            offering("alias", "NVIDIA-H100-80GB", price("r", OnDemand, 20.0, &[])),
+            // The same list price: quotes stop at the first floor above the best quote.
+            offering("alias", "NVIDIA-H100-80GB", price("r", OnDemand, 10.0, &[])),
             offering("other", "H200", price("r", OnDemand, 1.0, &[])),
         ];
         let (_, requests, _) = priced(&offerings, &ask(&gpu, 8, 1.0, "r", OnDemand), &Assumptions::default(), |_| None);

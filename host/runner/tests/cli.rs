@@ -466,6 +466,37 @@ fn a_plugin_dropped_into_a_plugin_directory_is_found_and_shadows_the_embedded_on
     assert!(text(&o).0.contains("extra.wasm"));
 }
 
+/// A precision policy is planned for a B200 and for an H100: one that plans NVFP4 on every
+/// GPU passed on the B200 alone and was then refused on every H100 in a run. `inspect`
+/// labels the policy's name (it printed a header of nothing and `note: <name>`). Kills:
+/// the H100 plan left out; the name back in a note.
+#[test]
+fn plugins_validate_plans_a_policy_for_an_h100_too_and_inspect_labels_its_name() {
+    let dir = scratch("validate-h100");
+    let o = runner(&dir, &["plugins", "validate", "bf16"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for gpu in ["B200: every format native", "H100: no FP4 tensor cores"] {
+        let row = out.lines().find(|l| l.contains(gpu)).unwrap_or_else(|| panic!("{gpu}: {out}"));
+        assert!(row.contains("ok: weights in bf16"), "{row}");
+    }
+    // NVFP4 at every site: fine on a B200, a plan an H100 cannot run.
+    let o = runner(&dir, &["plugins", "validate", test_program("contract_v02_precision.wasm")]);
+    let (out, _) = text(&o);
+    assert!(!o.status.success(), "{out}");
+    let row = |gpu: &str| out.lines().find(|l| l.contains(gpu)).unwrap_or_else(|| panic!("{gpu}: {out}")).to_string();
+    assert!(row("B200: every format native").contains("ok: weights in nvfp4"), "{out}");
+    assert!(row("H100: no FP4 tensor cores").contains("FAILED"), "{out}");
+    assert!(out.contains("nvfp4 is neither native nor emulated on H100"), "{out}");
+    let o = runner(&dir, &["plugins", "inspect", "fp8"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[1].trim_end(), "policy name", "{out}");
+    assert!(lines[3].starts_with("fp8"), "{out}");
+    assert!(!out.contains("note:"), "{out}");
+}
+
 #[test]
 fn plugins_validate_reports_each_call() {
     let dir = scratch("validate");
@@ -485,7 +516,7 @@ fn plugins_validate_reports_each_call() {
     let o = runner(&dir, &["plugins", "validate", misbehave]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("ok: 11 instances, 1 never quoted, on GPUs no profile describes: exotic (H1000)"), "{out}");
+    assert!(out.contains("ok: 12 instances, 1 never quoted, on GPUs no profile describes: exotic (H1000)"), "{out}");
     assert!(!runner(&dir, &["plugins", "validate", "cloud.wasm"]).stdout.windows(5).any(|w| w == b"never"));
 }
 
@@ -2714,7 +2745,7 @@ fn plugins_list_notes_and_validate_fails_with_the_count() {
     let o = runner(&dir, &["--profile", "h1000.toml", "plugins", "validate", test_program("misbehave_cost.wasm")]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("ok: 11 instances") && !out.contains("never quoted"), "{out}");
+    assert!(out.contains("ok: 12 instances") && !out.contains("never quoted"), "{out}");
 }
 
 /// `models` with a plugin shadowed (a copy of llama3.wasm in ./plugins/dist): each variant

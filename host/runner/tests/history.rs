@@ -38,16 +38,16 @@ fn program(file: &str) -> String {
         .unwrap_or_else(|| panic!("test program {file} was not built"))
 }
 
-/// A run that takes seconds: its cloud's `spin` offering runs into the call deadline on
-/// every quote (the host discards the instance and goes on), so each row costs about
-/// the deadline.
+/// A run that takes seconds: its cloud's cheapest offering, `slow`, sleeps 150 ms in every
+/// quote, so each row costs that. (A quote that hung would cost the deadline once: the
+/// cloud is not asked again.)
 fn slow_run_file(dir: &Path) -> PathBuf {
     let path = dir.join("slow.toml");
     std::fs::write(
         &path,
         format!(
             "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8, 16, 24, 32, 40, 48, 56, 64, 72, 80]\n\
-             [precision]\nformat = \"bf16\"\n[cost]\nplugins = [{:?}]\n[limits]\ncall_timeout_ms = 250\n[measure]\nrepeats = 1\n",
+             [precision]\nformat = \"bf16\"\n[cost]\nplugins = [{:?}]\n[limits]\ncall_timeout_ms = 2000\n[measure]\nrepeats = 1\n",
             program("misbehave_cost.wasm")
         ),
     )

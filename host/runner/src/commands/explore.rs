@@ -18,6 +18,31 @@ use runner_graph::recompute::RecomputePolicy;
 use crate::commands::{output_format, print_stdout, stdout_format, write_output};
 use crate::{Global, QuickRun};
 
+/// Why `--precision` does not take `value` when it names a plugin (a `.wasm` file or a
+/// path) rather than a format: a precision plugin plans one format, and only a run file
+/// pairs the two. "unknown precision 'x.wasm'" never said where a plugin goes.
+fn precision_plugin_refusal(value: &str) -> Option<String> {
+    let plugin = value.to_ascii_lowercase().ends_with(".wasm") || value.contains('/') || value.contains('\\');
+    if !plugin {
+        return None;
+    }
+    let shown = runner_contract::text::escape(value, 256);
+    let stem = std::path::Path::new(value).file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    let format = runner_project::precision::Recipe::parse(stem).map_or("fp8", |r| r.name());
+    let own = match runner_project::precision::Recipe::parse(stem) {
+        // The first-party policy of a format is the one its name already picks.
+        Ok(r) if !value.contains('/') && !value.contains('\\') => {
+            format!("; --precision {} already uses {shown} (an installed one, else the embedded one)", r.name())
+        }
+        _ => String::new(),
+    };
+    Some(format!(
+        "--precision {shown}: a precision plugin is not a format; name it in a run file, [precision] format = \"{format}\" \
+         (the format it plans) and plugin = \"{shown}\", and run that with `runner run FILE`{own}. --precision takes bf16, \
+         fp8, fp8-cs, mxfp8 or nvfp4"
+    ))
+}
+
 /// Apply the command line's flags over a run (from a file or the defaults) and check the
 /// result as a run file is checked.
 fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Result<()> {
@@ -47,6 +72,9 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
         None => {}
     }
     if let Some(p) = &quick.precision {
+        if let Some(m) = p.iter().find_map(|f| precision_plugin_refusal(f)) {
+            anyhow::bail!(m);
+        }
         run.precision.format = p.clone();
     }
     if quick.gbs.is_some() {
@@ -634,6 +662,31 @@ mod tests {
         assert_eq!((run.model.tokens, run.model.seq_len, run.cluster.gbs), (Some(1e12), Some(4096), Some(64)));
         assert_eq!((run.explore.target_days, run.explore.max_usd_per_day_saved), (Some(30.0), Some(500.0)));
         assert_eq!((run.cluster.gpus.as_slice(), run.measure.repeats), (&[16, 32][..], 3));
+    }
+
+    /// A plugin given to `--precision` is refused with where a precision plugin goes (a run
+    /// file's [precision] plugin, with its format), and a first-party one's format named;
+    /// formats, and spellings `Recipe::parse` takes or refuses, are as before. Kills: the
+    /// refusal left out (the old "unknown precision 'x.wasm'"); a format taken for a plugin.
+    #[test]
+    fn a_precision_plugin_on_the_command_line_says_where_it_goes() {
+        let refused = |p: &str| {
+            let quick = QuickRun { precision: Some(vec!["bf16".into(), p.into()]), ..QuickRun::default() };
+            apply_overrides(&mut file_run(), &quick, &global()).unwrap_err().to_string()
+        };
+        let e = refused("/tmp/x/hp-fp4all.wasm");
+        assert!(e.starts_with("--precision /tmp/x/hp-fp4all.wasm: a precision plugin is not a format; name it in a run file, \
+            [precision] format = \"fp8\" (the format it plans) and plugin = \"/tmp/x/hp-fp4all.wasm\", and run that with `runner run FILE`. "), "{e}");
+        let e = refused("FP8.wasm");
+        assert!(e.contains("[precision] format = \"fp8\"") && e.contains("; --precision fp8 already uses FP8.wasm"), "{e}");
+        assert!(refused("int8").contains("unknown precision 'int8'"));
+        for p in [vec!["fp8-cs".to_string()], vec!["NVFP4".into(), "bf16".into()]] {
+            let quick = QuickRun { precision: Some(p.clone()), ..QuickRun::default() };
+            assert!(precision_plugin_refusal(&p[0]).is_none());
+            let mut run = file_run();
+            run.cluster.gpu = vec!["B200".into()];
+            apply_overrides(&mut run, &quick, &global()).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+        }
     }
 
     /// A refused flag is named as typed (`--seq-len`, not `[model] seq_len`); a key no

@@ -525,8 +525,8 @@ mod tests {
     }
 
     /// The decisions table names layer -1 as the policies' alerts do (the contract's
-    /// `layers_named`), never "layers [-1, 0, ...]". Kills: `describe` back to `{:?}` of
-    /// the layers.
+    /// `layers_named`), never "layers [-1, 0, ...]", and a layer below -1 as none. Kills:
+    /// `describe` back to `{:?}` of the layers; any negative layer taken for -1.
     #[test]
     fn the_embedding_head_is_named_in_words() {
         let mut st = state(1.0);
@@ -534,6 +534,12 @@ mod tests {
         let sel = SiteSelector { layers: vec![-1, 1, 2], names: vec![], roles: vec![] };
         st.apply(&[Action::ResetAmax(sel), Action::ResetAmax(layer(-1))], |_, d, _| details.push(d));
         assert_eq!(details, ["the embedding/head and layers [1, 2]: 6 sites", "the embedding/head: 0 sites"]);
+        // Only -1 is the embedding/head: -7 is no layer, and said to be none (it read as
+        // the embedding/head).
+        let ghost = SiteSelector { layers: vec![1_000_000, -7], names: vec![], roles: vec![] };
+        details.clear();
+        st.apply(&[Action::ResetAmax(ghost)], |_, d, _| details.push(d));
+        assert_eq!(details, ["layers [1000000, -7] (no layer -7): 0 sites"]);
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! without end, `nan` returns a non-finite total, `wrong-total` returns lines that do
 //! not add up, `leak` leaks 8 MiB per call, `chatty` prints a 230-byte line per
 //! call (the host's capture of stdout fills after some hundreds), `later` quotes honestly three times and then
-//! answers $0, `refuse` refuses every quote (sold out). `exotic` is on a GPU no profile describes (H1000). Any other instance is quoted
+//! answers $0, `refuse` refuses every quote (sold out), `slow` (the cheapest, at $5 a
+//! node-hour) sleeps 150 ms and then quotes honestly: a run priced on this cloud spends
+//! that on every row. `exotic` is on a GPU no profile describes (H1000). Any other instance is quoted
 //! normally. The host must survive every one.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
@@ -34,6 +36,9 @@ impl Guest for Misbehave {
         let mut all: Vec<Offering> =
             ["good", "trap", "spin", "hog", "nan", "wrong-total", "leak", "chatty", "later", "refuse"].into_iter().map(offering).collect();
         all.push(Offering { gpu: "H1000".into(), ..offering("exotic") });
+        let mut slow = offering("slow");
+        slow.prices[0].usd_per_node_hour = 5.0;
+        all.push(slow);
         all
     }
 
@@ -52,6 +57,10 @@ impl Guest for Misbehave {
                     blocks.push(vec![1u8; 16 << 20]);
                     std::hint::black_box(&blocks);
                 }
+            }
+            "slow" => {
+                std::thread::sleep(std::time::Duration::from_millis(150));
+                standard_quote(&Self::offerings(), &request)
             }
             "refuse" => Err("sold out in test-1 until 2027-01-01".into()),
             "nan" => Ok(Quote { currency: "USD".into(), lines: vec![], total: f64::NAN, warnings: vec![] }),

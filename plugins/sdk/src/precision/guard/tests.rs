@@ -404,6 +404,10 @@ fn alerts_name_the_layer_outside_the_transformer_in_words() {
     assert_eq!(layers_named(&[0, 2]), "layers [0, 2]");
     assert_eq!(layers_named(&[-1, 0, 2]), "the embedding/head and layers [0, 2]");
     assert_eq!((layer_name(-1).as_str(), layer_name(3).as_str()), ("the embedding/head", "layer 3"));
+    // Only -1 is the embedding/head: a selector's -7 is no layer, and said to be none.
+    assert_eq!(layer_name(-7), "layer -7 (no such layer)");
+    assert_eq!(layers_named(&[1_000_000, -7]), "layers [1000000, -7] (no layer -7)");
+    assert_eq!(layers_named(&[-1, -7, 2, -3]), "the embedding/head and layers [-7, 2, -3] (no layers -7, -3)");
     let rules = Rules::default();
     let alerts = |r: &StepResponse| r.actions.iter().filter_map(|a| if let Action::Alert(m) = a { Some(m.clone()) } else { None }).collect::<Vec<_>>();
     let state = healthy(&rules, fresh(), 0, 3);
