@@ -516,7 +516,8 @@ impl Memory {
     /// What does not fit, in words; `None` when everything does.
     pub fn shortfall(&self) -> Option<String> {
         if !self.gpu_fits() {
-            Some(format!("needs {:.1} GiB per GPU of {:.0}", self.total, self.capacity))
+            // `{}`: a capacity read from the device (79.65) is not rounded up past the need.
+            Some(format!("needs {:.1} GiB per GPU of {}", self.total, self.capacity))
         } else if !self.host_fits() {
             Some(format!("offloads {:.0} GiB of activations per GPU to {:.0} GiB of host memory", self.host_offload, self.host_capacity))
         } else {

@@ -773,7 +773,8 @@ fn project_table(o: &ProjectOut) -> Table {
     kv("tokens/s/GPU", format!("{:.0}", p.tokens_per_sec_per_gpu));
     kv("model TFLOP/s/GPU", sig(p.model_tflops_per_gpu, 1));
     kv("MFU", format!("{:.1} %", 100.0 * p.mfu));
-    kv("memory/GPU", format!("{} of {:.0} GiB ({})", sig(m.total, 1), m.capacity, if p.fits { "fits" } else { "does not fit" }));
+    // `{}`: a capacity read from the device (79.65 GiB) is not rounded up to what it lacks.
+    kv("memory/GPU", format!("{} of {} GiB ({})", sig(m.total, 1), m.capacity, if p.fits { "fits" } else { "does not fit" }));
     kv("  weights / grads / optimizer", format!("{} / {} / {} GiB", sig(m.weights, 1), sig(m.gradients, 1), sig(m.optimizer, 1)));
     kv("  activations / reserved", format!("{} / {} GiB ({})", sig(m.activations, 1), sig(m.reserved, 1), pipeline_rank(&p.layout, m.stage)));
     if m.host_offload > 0.0 {
