@@ -185,7 +185,7 @@ fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        ["GPUs", "layout", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
+        ["GPUs", "layout", "GBS", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
         "{out}"
     );
     // BF16 and FP8 by default, each a block, then the two side by side.
