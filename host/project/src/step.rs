@@ -516,7 +516,8 @@ impl Memory {
     /// What does not fit, in words; `None` when everything does.
     pub fn shortfall(&self) -> Option<String> {
         if !self.gpu_fits() {
-            Some(format!("needs {:.1} GiB per GPU of {:.0}", self.total, self.capacity))
+            // `{}`: a capacity read from the device (79.65) is not rounded up past the need.
+            Some(format!("needs {:.1} GiB per GPU of {}", self.total, self.capacity))
         } else if !self.host_fits() {
             Some(format!("offloads {:.0} GiB of activations per GPU to {:.0} GiB of host memory", self.host_offload, self.host_capacity))
         } else {
@@ -570,7 +571,8 @@ pub struct GroupPlace {
 /// the step waits for), and where each group of more than one rank sits. Expert tensor
 /// parallelism counts under `ep`, expert gradients under `dp`, as in the breakdown; `pp` is
 /// the critical stage's own sends and a tied embedding's gradient all-reduce between the
-/// first and the last stage; `dp` the critical stage's, but with the distributed
+/// first and the last stage; `tp`, `cp` and `ep` include the forward collectives full
+/// recompute replays in the backward; `dp` the critical stage's, but with the distributed
 /// optimizer's gradient reduction overlapped, the largest stage's reduction (the stage the
 /// step waits for need not be the slowest).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -629,6 +631,9 @@ struct LayerCost {
     /// Bytes those collectives move through the GPU's NIC per direction: forward,
     /// backward.
     nic: [f64; 2],
+    /// Of them, the forward's: full recompute replays them in the backward (selective
+    /// recompute's modules hold no collectives in this model, `PartTime::module_fwd`).
+    comm_fwd: [f64; 3],
     activations: [f64; 3],
     /// Per selective-recompute module: the forward it repeats, the bytes it frees.
     module_rc: [f64; Module::COUNT],
@@ -679,6 +684,7 @@ impl LayerCost {
             module_freed: stored.freed,
             comm: [0, 1, 2].map(|i| t.comm_fwd[i] + t.comm_bwd[i]),
             nic: [t.nic_fwd, t.nic_bwd],
+            comm_fwd: t.comm_fwd,
             dense: part.dense_params,
             expert: part.expert_params,
             frozen: part.frozen_params,
@@ -930,7 +936,8 @@ const ACTS: usize = TIME + 12;
 const MODULE_RC: usize = ACTS + 3;
 const MODULE_FREED: usize = MODULE_RC + Module::COUNT;
 const COMM: usize = MODULE_FREED + Module::COUNT;
-const LOW_TRAINED: usize = COMM + 3;
+const COMM_FWD: usize = COMM + 3;
+const LOW_TRAINED: usize = COMM_FWD + 3;
 const ROW_FIELDS: usize = LOW_TRAINED + 2;
 
 impl LayerCost {
@@ -963,7 +970,8 @@ impl LayerCost {
         r[ACTS..ACTS + 3].copy_from_slice(&self.activations);
         r[MODULE_RC..MODULE_FREED].copy_from_slice(&self.module_rc);
         r[MODULE_FREED..COMM].copy_from_slice(&self.module_freed);
-        r[COMM..LOW_TRAINED].copy_from_slice(&self.comm);
+        r[COMM..COMM_FWD].copy_from_slice(&self.comm);
+        r[COMM_FWD..LOW_TRAINED].copy_from_slice(&self.comm_fwd);
         r[LOW_TRAINED..ROW_FIELDS].copy_from_slice(&self.low_trained);
         r
     }
@@ -1039,6 +1047,9 @@ fn recompute_rows(s: &Schedule) -> (Modules, usize) {
 fn saturate(v: u64) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX)
 }
+
+/// [`policy_index`] of full recompute.
+const FULL_POLICY: usize = 2;
 
 fn policy_index(p: RecomputePolicy) -> usize {
     match p {
@@ -1988,6 +1999,10 @@ fn add_comp(comp: &mut [f64; COMP], d: impl Fn(usize) -> f64, pol: usize, ov: us
     for i in 0..3 {
         comp[2 + i] += d(EXPOSED + 3 * ov + i);
         comp[COMM_SLOTS + i] += d(COMM + i);
+        // Full recompute re-runs the layer's forward, its collectives with it (F7).
+        if pol == FULL_POLICY {
+            comp[COMM_SLOTS + i] += d(COMM_FWD + i);
+        }
     }
     comp[5] += d(3);
 }

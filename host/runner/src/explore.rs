@@ -328,8 +328,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let flops_per_token = count::model_flops_per_step(&model.graph, &convention) / f64::from(seq_len);
     // NVIDIA's DGX Cloud benchmark READMEs count attention over all keys: the same run
     // reads that much higher in MFU there.
-    let full = Convention { attention: AttentionFlops::Full, recompute: Recompute::None };
-    let full_ratio = count::model_flops_per_step(&model.graph, &full) / f64::from(seq_len) / flops_per_token;
+    let full_ratio = project::all_keys_ratio(&model.graph);
     let params = main_model_params(&mut workload, variant)?;
 
     // Every (GPU, precision) pair the GPU and the policy can run.
@@ -654,12 +653,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         gpus_used.into_iter().collect::<Vec<_>>().join(", "),
         profiles.origin.join(" + ")
     ));
-    notes.push(format!(
-        "FLOPs: {convention}; MFU against the dense peak of the plan's low-precision format (FP8 rows against the FP8 peak, \
-         so they read lower than BF16 rows of the same speed). Counted over all keys, as NVIDIA's DGX Cloud benchmark \
-         READMEs do, this model's FLOPs and MFU are {:.1} % higher at seq {seq_len}",
-        100.0 * (full_ratio - 1.0)
-    ));
+    notes.push(project::flops_note(&convention, full_ratio, seq_len));
     notes.push(pricing_note(option, &run.cost.region, &assumptions));
 
     Ok(Outcome {

@@ -185,7 +185,7 @@ fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        ["GPUs", "layout", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
+        ["GPUs", "layout", "GBS", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
         "{out}"
     );
     // BF16 and FP8 by default, each a block, then the two side by side.
@@ -906,6 +906,44 @@ fn expert_flags_on_a_dense_model_are_refused() {
         let name = key.split(' ').next().unwrap();
         assert!(!o.status.success() && err.contains(&format!("[layout] {name} applies to the routed experts of a mixture-of-experts model; llama3-tiny has none")), "{key}: {err}");
     }
+}
+
+/// `runner project` says how its MFU counts (F5): the convention (in JSON and in the one
+/// note `explore` prints too), the peak it divides by (FP8's for an FP8 plan), and the MFU
+/// NVIDIA's DGX Cloud READMEs would print for the same speed, attention over all keys. By
+/// hand for Llama 3.1 70B at seq 8192 (80 layers, h 8192, 128,256-token vocabulary, the
+/// input table a lookup): 6·(70.554e9 − 1.0507e9) + 6·80·8192·8192 = 449.2 GFLOP a token
+/// causal, plus as much attention again over all keys: 481.4, a factor of 1.0717 (the
+/// READMEs' 3.94e15 a sequence is 481 GFLOP a token).
+#[test]
+fn project_says_its_flop_convention_and_nvidias_mfu() {
+    let dir = scratch("project-mfu");
+    let args = |precision: &'static str| {
+        ["project", "--model", "llama3.1-70b", "--gpus", "64", "--tp", "8", "--pp", "4", "--gbs", "128", "--precision", precision]
+    };
+    let o = runner(&dir, &[&args("bf16")[..], &["--format", "json", "-q"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let (mfu, all) = (v["mfu"].as_f64().unwrap(), v["mfu_all_keys"].as_f64().unwrap());
+    let (embedding, params) = (128_256.0 * 8192.0, 70.554e9);
+    let attention = 6.0 * 80.0 * 8192.0 * 8192.0;
+    let causal = 6.0 * (params - embedding) + attention;
+    let by_hand = (causal + attention) / causal;
+    assert!((all / mfu / by_hand - 1.0).abs() < 1e-3, "{all} / {mfu} against {by_hand} by hand");
+    assert!(v["flop_convention"].as_str().unwrap().contains("causal T/2"), "{out}");
+    assert_eq!((v["mfu_peak_format"].as_str(), v["mfu_peak_tflops"].as_f64()), (Some("BF16"), Some(989.0)));
+    let note = v["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).find(|n| n.starts_with("FLOPs: ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(note.contains("7.2 % higher at seq 8192"), "{note}");
+    // An FP8 plan's MFU is against the FP8 peak, and the table says so beside the figure.
+    let o = runner(&dir, &[&args("fp8")[..], &["--format", "json", "-q"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!((v["mfu_peak_format"].as_str(), v["mfu_peak_tflops"].as_f64()), (Some("FP8"), Some(1979.0)));
+    let o = runner(&dir, &[&args("fp8")[..], &["-q"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.lines().any(|l| l.starts_with("  of the dense peak") && l.ends_with("FP8 1979 TFLOP/s")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("  attention over all keys") && l.trim_end().ends_with(&format!("{:.1} %", 100.0 * v["mfu_all_keys"].as_f64().unwrap()))), "{out}");
 }
 
 /// `runner project`'s JSON object carries the fields scripts read, fills omitted layout

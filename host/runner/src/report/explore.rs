@@ -98,8 +98,8 @@ fn title(o: &Outcome) -> String {
     )
 }
 
-/// The layout without micro-batch and global batch (those are in the files): it keeps the
-/// terminal table inside 100 columns.
+/// The layout without micro-batch (in the files) and global batch (its own column): it
+/// keeps the terminal table narrow.
 fn layout_cell(r: &Row) -> String {
     match &r.projection {
         Some(p) => p
@@ -194,23 +194,19 @@ fn interrupted(s: &Series) -> bool {
 
 /// One series as a table: `clouds` are the columns priced (indices into the row costs).
 fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table {
+    // The global batch on every page, the terminal's too: by default it grows with the
+    // GPUs (docs/EXPLORER.md), and without it a weak-scaling series reads as strong scaling.
     let mut headers: Vec<String> =
-        ["GPUs", "layout", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().map(|h| h.to_string()).collect();
-    if wide {
-        headers.insert(2, "GBS".to_string());
-    }
+        ["GPUs", "layout", "GBS", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().map(|h| h.to_string()).collect();
     let spot = interrupted(s);
     if spot {
-        headers.insert(if wide { 6 } else { 5 }, SPOT_DAYS.to_string());
+        headers.insert(6, SPOT_DAYS.to_string());
     }
     headers.extend(clouds.iter().map(|&i| if wide { o.clouds[i].clone() } else { cloud_header(&o.clouds[i]) }));
     let mut t = Table { title: format!("{} - {}", s.label(), s.plan), headers, ..Table::default() };
     for r in &s.rows {
         let mark = if r.sweet { "*" } else { "" };
-        let mut row = vec![format!("{}{mark}", r.gpus), layout_cell(r)];
-        if wide {
-            row.push(r.global_batch.to_string());
-        }
+        let mut row = vec![format!("{}{mark}", r.gpus), layout_cell(r), r.global_batch.to_string()];
         row.push(r.projection.as_ref().map_or("-".into(), |p| fixed_or_significant(p.step_time_s, 2)));
         row.push(r.projection.as_ref().map_or("-".into(), |p| fixed_or_significant(p.memory_per_gpu_gib, 0)));
         match (&r.projection, r.days) {
@@ -957,11 +953,12 @@ pub(crate) mod tests {
         .unwrap()
     }
 
-    /// A fitted row's figures: the layout without micro-batch and global batch (the HTML
-    /// page has a GBS column), speedup to two decimals, relative cost to three, MFU in
-    /// per cent; the breakdown chart draws only the parts that take time. Kills: the
-    /// MBS/GBS filter dropped, speedup at one decimal, relative cost at two, MFU not in
-    /// per cent, no GBS column, every breakdown part drawn.
+    /// A fitted row's figures: the layout without micro-batch and global batch (every
+    /// page has a GBS column after it, the terminal's too, F3), speedup to two decimals,
+    /// relative cost to three, MFU in per cent; the breakdown chart draws only the parts
+    /// that take time. Kills: the MBS/GBS filter dropped, speedup at one decimal, relative
+    /// cost at two, MFU not in per cent, no GBS column (terminal or HTML), every breakdown
+    /// part drawn.
     #[test]
     fn a_fitted_row_shows_its_layout_and_figures_in_each_format() {
         let mut eight = row(8, Some(12.345), vec![priced("a", 10.0, &[], "s")]);
@@ -974,6 +971,9 @@ pub(crate) mod tests {
         for cell in ["2.50", "40", "12.3", "1.50x", "1.250", "1234", "41.2%", "$10.00"] {
             assert!(line.split_whitespace().any(|c| c == cell), "{cell}: {line}");
         }
+        let header = page.lines().find(|l| l.starts_with("GPUs ")).unwrap_or_else(|| panic!("{page}"));
+        let at = |l: &str, w: &str| l.split_whitespace().position(|c| c == w);
+        assert_eq!((at(header, "GBS"), at(line, "64")), (Some(2), Some(2)), "{header}\n{line}");
         let html = html(&o);
         assert!(html.contains("<th>GPUs</th><th>layout</th><th>GBS</th>") && html.contains("<td class=\"n\">64</td>"), "{html}");
         assert!(html.contains(">compute</text>") && !html.contains(">bubble</text>"), "{html}");
