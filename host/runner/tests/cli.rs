@@ -3048,7 +3048,7 @@ fn a_gpu_sold_under_other_options_names_them_and_a_row_without_the_option_is_not
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let notes: Vec<&str> = v["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(
-        notes.iter().any(|n| *n == "price file spotonly.csv: x (spot) has no on-demand price, so --option on-demand never quotes it; try --option spot"),
+        notes.contains(&"price file spotonly.csv: x (spot) has no on-demand price, so --option on-demand never quotes it; try --option spot"),
         "{notes:?}"
     );
 }

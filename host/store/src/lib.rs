@@ -764,7 +764,7 @@ mod tests {
         let mut s = Store::open(&path).unwrap();
         let big = json!("x".repeat(200_000));
         for i in 1..=5 {
-            let (id, _) = s.begin("explore", "c", &json!({ "i": i }), &json!([]), "v").unwrap();
+            let (id, _) = s.begin("explore", "c", &json!({ "i": i }), &json!([]), "v", "").unwrap();
             s.put_item(id, "row", &big).unwrap();
             s.put_item(id, "row2", &big).unwrap();
             if i < 5 {
