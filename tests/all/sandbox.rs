@@ -122,7 +122,7 @@ fn a_quote_of_an_unlisted_price_is_refused_without_calling_the_plugin() {
     cost.offerings().unwrap();
     unlisted(
         cost.quote(&request("no-such-instance")).unwrap_err(),
-        "instance 'no-such-instance' is not in the price list (it lists 'good', 'trap', 'spin', 'hog', 'nan', 'wrong-total', 'leak', 'chatty', 'later', 'refuse', 'exotic')",
+        "instance 'no-such-instance' is not in the price list (it lists 'good', 'trap', 'spin', 'hog', 'nan', 'wrong-total', 'leak', 'chatty', 'later', 'refuse', 'exotic', 'slow')",
     );
     unlisted(
         cost.quote(&on_demand("trap", "test-2")).unwrap_err(),

@@ -238,7 +238,7 @@ mod tests {
             PluginError::new("x.wasm", "graph", trap).to_string()
         };
         let thirty = shown(30);
-        assert!(thirty.contains("line 0\n") && thirty.contains("line 29\n") && !thirty.contains("left out"), "{thirty}");
+        assert!(thirty.contains("line 0\n") && thirty.contains("line 29;\n") && !thirty.contains("left out"), "{thirty}");
         let cut = shown(31);
         assert!(cut.contains("line 4\n    [6 lines left out]\n    line 11\n"), "{cut}");
     }

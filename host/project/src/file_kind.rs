@@ -54,7 +54,15 @@ fn kind(text: &str) -> Option<Kind> {
             Ok(serde_json::Value::Array(_)) => return Some(Kind::JsonArray),
             Ok(serde_json::Value::Object(o)) => {
                 let measured = o.get("format").and_then(|f| f.as_str()) == Some(crate::measured::FORMAT);
-                return Some(if measured { Kind::Measurement } else { Kind::Report });
+                // An empty object, or one with a `format` of its own, is a measurement
+                // file gone wrong: its parser's error says what is missing or odd.
+                return if measured {
+                    Some(Kind::Measurement)
+                } else if o.is_empty() || o.contains_key("format") {
+                    None
+                } else {
+                    Some(Kind::Report)
+                };
             }
             // Broken JSON: its parser's error says where. A TOML profile's first line,
             // `[[gpu]]`, starts as a JSON array would: read on as TOML.
@@ -136,6 +144,8 @@ mod tests {
         assert!(e.starts_with("f: this is a `runner measure` file, not a calibration file: fit a profile to it with `runner calibrate --ops f"), "{e}");
         assert!(m(MEASURE, Reader::Collectives).unwrap().contains("--ops f"));
         assert_eq!(m(MEASURE, Reader::Measurement), None);
+        assert_eq!(m("{}", Reader::Measurement), None, "an empty object is a measurement missing its fields");
+        assert_eq!(m(r#"{"format": "other"}"#, Reader::Measurement), None);
         let e = m(REPORT, Reader::Calibration).unwrap();
         assert!(e.starts_with("f: this is a JSON report") && e.contains("reports are output, not input; a calibration file lists published runs as [[point]]"), "{e}");
         assert!(m(REPORT, Reader::Measurement).unwrap().ends_with("write a measurement with `runner measure ... -o FILE.json`"));

@@ -38,7 +38,7 @@ fn program(file: &str) -> String {
         .unwrap_or_else(|| panic!("test program {file} was not built"))
 }
 
-/// A run that takes seconds: its cloud's cheapest offering, `slow`, sleeps 150 ms in every
+/// A run that takes seconds: its cloud's cheapest offering, `slow`, computes about 150 ms in every
 /// quote, so each row costs that. (A quote that hung would cost the deadline once: the
 /// cloud is not asked again.)
 fn slow_run_file(dir: &Path) -> PathBuf {

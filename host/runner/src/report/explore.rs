@@ -305,8 +305,15 @@ pub fn text(o: &Outcome) -> String {
     let _ = writeln!(out, "{}\n", visible(&title(o)));
     for s in &o.series {
         let ranked = ranked_clouds(s);
-        let shown: Vec<usize> = ranked.iter().copied().take(TERMINAL_CLOUDS).collect();
-        out.push_str(&series_table(o, s, &shown, false).render());
+        let mut shown: Vec<usize> = ranked.iter().copied().take(TERMINAL_CLOUDS).collect();
+        let mut table = series_table(o, s, &shown, false).render();
+        // The page is WIDTH columns: a cloud that would push the table past them is left
+        // to the files, as the clouds past TERMINAL_CLOUDS are (the cheapest stays).
+        while shown.len() > 1 && table.lines().any(|l| l.chars().count() > WIDTH) {
+            shown.pop();
+            table = series_table(o, s, &shown, false).render();
+        }
+        out.push_str(&table);
         out.push_str(&wrapped("sweet spot (*): ", &s.sweet_spot_why));
         if ranked.len() > shown.len() {
             out.push_str(&wrapped(
@@ -778,10 +785,13 @@ pub(crate) mod tests {
         o.goal = Some(GoalAnswer { goal: Goal::Budget(1e6), met: true, best: Some(choice(8)), runners_up: vec![choice(16)], why: String::new() });
         o.comparisons.push(Comparison { gpu: "H100".into(), precision: "fp8".into(), gpus: 8, days_bf16: 10.0, days: 8.0, speedup: 1.25, usd_bf16: Some(100.0), usd: Some(80.0), coverage: 0.9 });
         let page = text(&o);
-        assert!(page.contains("zürich-cloud-ünï  b-cloud"), "{page}");
-        assert!(page.contains("$10.00") && page.contains("$5.00!"), "{page}");
+        // A second cloud would take this table past 100 columns: the cheapest alone.
+        assert!(page.contains("zürich-cloud-ünï\n") && !page.contains("b-cloud") && page.contains("$10.00"), "{page}");
+        assert!(page.contains("2 more clouds price H100"), "{page}");
+        assert!(page.lines().all(|l| l.chars().count() <= 100), "{page}");
+        let short = text(&three_clouds(&["a-cloud", "b-cloud", "c-cloud"]));
+        assert!(short.contains("a-cloud  b-cloud") && short.contains("$5.00!") && short.contains("1 more clouds price H100"), "{short}");
         assert!(page.contains("\n8*  "), "{page}");
-        assert!(page.contains("1 more clouds price H100"), "{page}");
         assert!(page.contains("  runner-up 1: 16 x H100 bf16"), "{page}");
         assert!(page.contains("$80.00   20.0%"), "{page}");
     }
@@ -973,7 +983,8 @@ pub(crate) mod tests {
         }
         let header = page.lines().find(|l| l.starts_with("GPUs ")).unwrap_or_else(|| panic!("{page}"));
         let at = |l: &str, w: &str| l.split_whitespace().position(|c| c == w);
-        assert_eq!((at(header, "GBS"), at(line, "64")), (Some(2), Some(2)), "{header}\n{line}");
+        // The layout "TP8 PP1" is two words of the row.
+        assert_eq!((at(header, "GBS"), at(line, "64")), (Some(2), Some(3)), "{header}\n{line}");
         let html = html(&o);
         assert!(html.contains("<th>GPUs</th><th>layout</th><th>GBS</th>") && html.contains("<td class=\"n\">64</td>"), "{html}");
         assert!(html.contains(">compute</text>") && !html.contains(">bubble</text>"), "{html}");

@@ -4,7 +4,7 @@
 //! not add up, `leak` leaks 8 MiB per call, `chatty` prints a 230-byte line per
 //! call (the host's capture of stdout fills after some hundreds), `later` quotes honestly three times and then
 //! answers $0, `refuse` refuses every quote (sold out), `slow` (the cheapest, at $5 a
-//! node-hour) sleeps 150 ms and then quotes honestly: a run priced on this cloud spends
+//! node-hour) computes for about 150 ms and then quotes honestly: a run priced on this cloud spends
 //! that on every row. `exotic` is on a GPU no profile describes (H1000). Any other instance is quoted
 //! normally. The host must survive every one.
 
@@ -59,7 +59,13 @@ impl Guest for Misbehave {
                 }
             }
             "slow" => {
-                std::thread::sleep(std::time::Duration::from_millis(150));
+                // Busy work, not a sleep: the sandbox grants no clock, so a plugin
+                // that sleeps is refused at load. About 0.1-0.3 s of compute.
+                let mut x = 1u64;
+                for i in 0..150_000_000u64 {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(i));
+                }
+                std::hint::black_box(x);
                 standard_quote(&Self::offerings(), &request)
             }
             "refuse" => Err("sold out in test-1 until 2027-01-01".into()),
