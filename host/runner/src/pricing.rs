@@ -769,13 +769,9 @@ pub(crate) mod tests {
     /// (None: the list price of the offering's price, node-hours billed as asked, $0.10
     /// per GB-month stored and $0.05 per GB out, in USD): the price, the requests it was
     /// asked, and the notes.
-    fn priced(
-        offerings: &[Offering],
-        ask: &Ask<'_>,
-        assumptions: &Assumptions,
-        answer: impl Fn(&QuoteRequest) -> Option<Result<Quote, plugin::PluginError>>,
-    ) -> (CloudPrice, Vec<QuoteRequest>, Vec<String>) {
-        let info = PluginInfo {
+    /// An embedded cost plugin's facts, for the quotes a test asks.
+    fn test_info() -> PluginInfo {
+        PluginInfo {
             name: "c.wasm".into(),
             kind: plugin::Kind::Cost,
             contract: "0.3.0".into(),
@@ -783,7 +779,16 @@ pub(crate) mod tests {
             sha256: "00".into(),
             bytes: 0,
             shadows_embedded: false,
-        };
+        }
+    }
+
+    fn priced(
+        offerings: &[Offering],
+        ask: &Ask<'_>,
+        assumptions: &Assumptions,
+        answer: impl Fn(&QuoteRequest) -> Option<Result<Quote, plugin::PluginError>>,
+    ) -> (CloudPrice, Vec<QuoteRequest>, Vec<String>) {
+        let info = test_info();
         let mut requests = Vec::new();
         let mut notes = QuoteNotes::default();
         let got = cheapest_of("c", &info, offerings, ask, assumptions, &mut notes, |r| {
@@ -1090,15 +1095,7 @@ pub(crate) mod tests {
     fn a_cloud_whose_quote_hangs_or_traps_is_not_asked_again() {
         use PurchaseOption::OnDemand;
         let gpu = h100();
-        let info = PluginInfo {
-            name: "c.wasm".into(),
-            kind: plugin::Kind::Cost,
-            contract: "0.3.0".into(),
-            source: plugin::Source::Embedded,
-            sha256: "00".into(),
-            bytes: 0,
-            shadows_embedded: false,
-        };
+        let info = test_info();
         let offerings = [
             offering("a", "H100", price("r", OnDemand, 10.0, &[])),
             offering("b", "H100", price("r", OnDemand, 10.0, &[])),
